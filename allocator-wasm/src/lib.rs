@@ -1,0 +1,23 @@
+//! thereabouts' engine: CNI network config normalization and multi-range address
+//! planning, compatible with whereabouts v0.9.4. Pure functions, no I/O: the same
+//! code runs natively (tests, benches, the host's comparison path) and as a
+//! WebAssembly component with zero imports (see `wit/ipam.wit` and [`component`]).
+
+pub mod cni_args;
+pub mod config;
+pub mod error;
+pub mod gojson;
+pub mod ip;
+pub mod model;
+pub mod naming;
+pub mod planner;
+pub mod range;
+
+#[cfg(target_family = "wasm")]
+mod component;
+
+pub use config::{flat_file_paths, normalize};
+pub use error::ConfigError;
+pub use model::*;
+pub use naming::{pool_name, reservation_name};
+pub use planner::{plan, plan_all, preview, release};

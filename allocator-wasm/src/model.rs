@@ -1,0 +1,122 @@
+//! The engine's data model: the Rust side of the records in `wit/ipam.wit`.
+//! Offsets are plain `u128` here; the WIT layer splits them in two `u64`s.
+
+use serde::Serialize;
+
+use crate::ip::Family;
+
+/// One range after normalization (see `normalized-range` in the WIT).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NormalizedRange {
+    pub cidr: String,
+    pub prefix_len: u8,
+    pub family: Family,
+    /// Network address as an integer.
+    pub network: u128,
+    pub first: String,
+    pub last: String,
+    pub first_offset: u128,
+    pub last_offset: u128,
+    /// Excludes as written in the config.
+    pub excludes: Vec<String>,
+    /// Excludes as canonical CIDRs (bare IPs become /32 or /128).
+    pub exclude_cidrs: Vec<String>,
+    /// Excluded blocks as merged, sorted offset intervals clipped to [first, last].
+    #[serde(skip)]
+    pub excluded: Vec<(u128, u128)>,
+    /// Addresses in [first, last] that are not excluded.
+    pub usable: u128,
+    pub gateway: Option<String>,
+    pub pool_name: String,
+    pub requested: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StaticAddress {
+    pub address: String,
+    pub gateway: Option<String>,
+    pub family: Family,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DatastoreSettings {
+    pub kind: Option<String>,
+    pub data_dir: Option<String>,
+    pub kubeconfig: Option<String>,
+    pub etcd_hosts: Vec<String>,
+    pub etcd_username: Option<String>,
+    pub etcd_password: Option<String>,
+    pub etcd_key_file: Option<String>,
+    pub etcd_cert_file: Option<String>,
+    pub etcd_ca_cert_file: Option<String>,
+    pub etcd_prefix: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NormalizedConfig {
+    pub name: String,
+    pub cni_version: String,
+    pub network_name: String,
+    pub enable_overlapping_ranges: bool,
+    pub ranges: Vec<NormalizedRange>,
+    pub addresses: Vec<StaticAddress>,
+    pub routes_json: Option<String>,
+    pub dns_json: Option<String>,
+    pub pod_ref: String,
+    pub datastore: DatastoreSettings,
+    pub log_file: Option<String>,
+    pub log_level: Option<String>,
+    pub configuration_path: Option<String>,
+}
+
+/// One pool entry as a datastore holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Allocation {
+    pub offset: u128,
+    pub container_id: String,
+    pub pod_ref: String,
+    pub ifname: String,
+}
+
+/// A pool's state as the planner needs it (see `pool-snapshot` in the WIT).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    pub taken: Vec<u128>,
+    pub reserved: Vec<u128>,
+    pub held: Vec<Allocation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub container_id: String,
+    pub pod_ref: String,
+    pub ifname: String,
+    pub requested_ip: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Assignment {
+    pub ip: String,
+    pub address: String,
+    pub offset: u128,
+    pub gateway: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum PlanOutcome {
+    Reuse { assignment: Assignment, held_index: u32 },
+    Fresh { assignment: Assignment },
+    Exhausted { message: String },
+    Rejected { message: String },
+}
+
+impl PlanOutcome {
+    /// The address this outcome gives the pod, if any.
+    pub fn assignment(&self) -> Option<&Assignment> {
+        match self {
+            PlanOutcome::Reuse { assignment, .. } | PlanOutcome::Fresh { assignment } => Some(assignment),
+            PlanOutcome::Exhausted { .. } | PlanOutcome::Rejected { .. } => None,
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! Object names the datastores use, exactly as whereabouts derives them, so that a
+//! cluster can swap plugins and keep its `IPPool` and
+//! `OverlappingRangeIPReservation` objects.
+
+use crate::error::{ConfigError, Result};
+use crate::ip::{self, format_ip};
+
+/// `IPPool` name for a range: `:` and `/` become `-`, prefixed with
+/// `<network_name>-` when a network name is set. `cidr` is canonicalized first.
+pub fn pool_name(cidr: &str, network_name: &str) -> Result<String> {
+    let parsed = ip::parse_cidr(cidr, true)
+        .ok_or_else(|| ConfigError::invalid("cidr", format!("invalid CIDR {cidr:?}")))?;
+    Ok(pool_name_for_network(&parsed.network_text(), network_name))
+}
+
+/// Same as [`pool_name`] for an already canonical `network/prefix` text.
+pub fn pool_name_for_network(canonical_cidr: &str, network_name: &str) -> String {
+    let mut normalized = canonical_cidr.to_string();
+    if normalized.ends_with(':') {
+        normalized.push('0');
+    }
+    let normalized = normalized.replace([':', '/'], "-");
+    with_network_prefix(normalized, network_name)
+}
+
+/// `OverlappingRangeIPReservation` name for an address: canonical text, a `0`
+/// appended when it ends with `:`, then `:` turned to `-`, prefixed with
+/// `<network_name>-` when set.
+pub fn reservation_name(address: &str, network_name: &str) -> Result<String> {
+    let parsed = ip::parse_ip_sloppy(address)
+        .ok_or_else(|| ConfigError::invalid("ip", format!("invalid IP address {address:?}")))?;
+    let mut text = format_ip(parsed);
+    if text.ends_with(':') {
+        text.push('0');
+    }
+    Ok(with_network_prefix(text.replace(':', "-"), network_name))
+}
+
+fn with_network_prefix(name: String, network_name: &str) -> String {
+    if network_name.is_empty() { name } else { format!("{network_name}-{name}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Vectors from whereabouts.md §3.2.
+    #[test]
+    fn pool_names_match_whereabouts() {
+        assert_eq!(pool_name("192.168.1.0/24", "").unwrap(), "192.168.1.0-24");
+        assert_eq!(pool_name("10.0.0.0/8", "test").unwrap(), "test-10.0.0.0-8");
+        assert_eq!(pool_name("caa5::/64", "").unwrap(), "caa5---64");
+        assert_eq!(pool_name("2001::/116", "").unwrap(), "2001---116");
+        assert_eq!(pool_name("fd00:0:0:10::/64", "").unwrap(), "fd00-0-0-10---64");
+        // Host bits are dropped before naming.
+        assert_eq!(pool_name("192.0.2.77/24", "").unwrap(), "192.0.2.0-24");
+        assert!(pool_name("not-a-cidr", "").is_err());
+    }
+
+    #[test]
+    fn reservation_names_match_whereabouts() {
+        assert_eq!(reservation_name("192.168.22.1", "").unwrap(), "192.168.22.1");
+        assert_eq!(reservation_name("2001::2:3:1", "").unwrap(), "2001--2-3-1");
+        assert_eq!(reservation_name("2001:db8:480:603d:304:403::", "").unwrap(), "2001-db8-480-603d-304-403--0");
+        assert_eq!(reservation_name("10.10.0.1", "mynet").unwrap(), "mynet-10.10.0.1");
+        assert!(reservation_name("bogus", "").is_err());
+    }
+}

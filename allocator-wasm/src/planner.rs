@@ -1,0 +1,273 @@
+//! Choosing addresses. Lowest free address first, like whereabouts, but without
+//! walking the range: the cost is O(k log e) for k pool entries and e excluded
+//! blocks, whatever the range's size (a /64 costs what a /24 costs).
+//!
+//! The idea: the addresses that may be handed out are [first, last] minus the
+//! excluded blocks. Number them 0, 1, 2, … in address order ("ranks"). With k
+//! entries taken, the lowest free rank is at most k, so a bitmap of k+1 ranks,
+//! filled from the taken offsets, finds it; one binary search maps it back.
+
+use std::net::IpAddr;
+
+use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, to_u128};
+use crate::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, Request};
+
+/// The allowed (non-excluded) segments of a range, with their rank starts.
+struct Candidates {
+    /// (first offset, last offset, rank of first offset), ascending.
+    segments: Vec<(u128, u128, u128)>,
+    total: u128,
+}
+
+impl Candidates {
+    fn of(range: &NormalizedRange) -> Self {
+        let mut segments = Vec::with_capacity(range.excluded.len() + 1);
+        let mut cursor = range.first_offset;
+        let mut rank = 0u128;
+        let mut push = |lo: u128, hi: u128, rank: &mut u128| {
+            segments.push((lo, hi, *rank));
+            *rank += hi - lo + 1;
+        };
+        for &(lo, hi) in &range.excluded {
+            if lo > cursor {
+                push(cursor, lo - 1, &mut rank);
+            }
+            // Blocks are clipped to [first, last] and last < 2^128 - 1: no overflow.
+            cursor = hi + 1;
+        }
+        if cursor <= range.last_offset {
+            push(cursor, range.last_offset, &mut rank);
+        }
+        Candidates { segments, total: rank }
+    }
+
+    /// Rank of an offset, or None when it is outside [first, last] or excluded.
+    fn rank(&self, offset: u128) -> Option<u128> {
+        let i = self.segments.partition_point(|s| s.1 < offset);
+        let &(lo, hi, rank) = self.segments.get(i)?;
+        (offset >= lo && offset <= hi).then(|| rank + (offset - lo))
+    }
+
+    /// Offset of a rank (< total).
+    fn offset(&self, rank: u128) -> u128 {
+        let i = self.segments.partition_point(|s| s.2 + (s.1 - s.0) < rank);
+        let (lo, _, first_rank) = self.segments[i];
+        lo + (rank - first_rank)
+    }
+}
+
+/// A bitmap over ranks [0, len): which of the lowest ranks are taken.
+struct RankBitmap {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl RankBitmap {
+    fn new(len: usize) -> Self {
+        Self { words: vec![0; len.div_ceil(64)], len }
+    }
+    fn mark(&mut self, rank: u128) {
+        if rank < self.len as u128 {
+            let r = rank as usize;
+            self.words[r / 64] |= 1 << (r % 64);
+        }
+    }
+    /// The lowest unmarked rank at or after `from`, if below `len`.
+    fn next_free(&self, from: usize) -> Option<usize> {
+        let mut word_index = from / 64;
+        let mut word = self.words.get(word_index)? | ((1u64 << (from % 64)) - 1);
+        loop {
+            if word != u64::MAX {
+                let r = word_index * 64 + (!word).trailing_zeros() as usize;
+                return (r < self.len).then_some(r);
+            }
+            word_index += 1;
+            word = *self.words.get(word_index)?;
+        }
+    }
+}
+
+/// Free ranks of a range, lowest first, given everything taken. Used by `plan`
+/// (first free) and `preview` (the first n free).
+struct FreeRanks {
+    candidates: Candidates,
+    bitmap: RankBitmap,
+    cursor: usize,
+}
+
+impl FreeRanks {
+    /// `want` is how many successive free addresses the caller may ask for.
+    fn new(range: &NormalizedRange, taken: impl Iterator<Item = u128>, taken_count: usize, want: usize) -> Self {
+        let candidates = Candidates::of(range);
+        let window = (taken_count as u128 + want as u128).min(candidates.total) as usize;
+        let mut bitmap = RankBitmap::new(window);
+        for offset in taken {
+            if let Some(rank) = candidates.rank(offset) {
+                bitmap.mark(rank);
+            }
+        }
+        FreeRanks { candidates, bitmap, cursor: 0 }
+    }
+
+    fn next_offset(&mut self) -> Option<u128> {
+        let rank = self.bitmap.next_free(self.cursor)?;
+        self.cursor = rank + 1;
+        Some(self.candidates.offset(rank as u128))
+    }
+}
+
+fn assignment(range: &NormalizedRange, offset: u128) -> Assignment {
+    let ip = format_ip(from_u128(range.family, range.network + offset));
+    Assignment { address: format!("{ip}/{}", range.prefix_len), ip, offset, gateway: range.gateway.clone() }
+}
+
+/// whereabouts' exhaustion message (allocate.go AssignmentError), kept verbatim
+/// because operators grep for it.
+pub fn exhausted_message(range: &NormalizedRange) -> String {
+    format!(
+        "Could not allocate IP in range: ip: {} / - {} / range: {} / excludeRanges: [{}]",
+        range.first,
+        range.last,
+        range.cidr,
+        range.excludes.join(" ")
+    )
+}
+
+/// Does this held entry belong to the request? (pod-ref, ifname) like whereabouts;
+/// without a pod-ref (a runtime that is not Kubernetes), (container ID, ifname).
+fn is_same_attachment(entry: &Allocation, req: &Request) -> bool {
+    entry.ifname == req.ifname
+        && if req.pod_ref.is_empty() { entry.container_id == req.container_id } else { entry.pod_ref == req.pod_ref }
+}
+
+/// Plan one range. See `plan` in the WIT.
+pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> PlanOutcome {
+    if let Some((index, entry)) = pool.held.iter().enumerate().find(|(_, e)| is_same_attachment(e, req)) {
+        return PlanOutcome::Reuse { assignment: assignment(range, entry.offset), held_index: index as u32 };
+    }
+    let taken = pool.taken.iter().chain(&pool.reserved).copied();
+    let taken_count = pool.taken.len() + pool.reserved.len();
+    if let Some(text) = &req.requested_ip {
+        return plan_requested(range, taken, text);
+    }
+    match FreeRanks::new(range, taken, taken_count, 1).next_offset() {
+        Some(offset) => PlanOutcome::Fresh { assignment: assignment(range, offset) },
+        None => PlanOutcome::Exhausted { message: exhausted_message(range) },
+    }
+}
+
+fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>, text: &str) -> PlanOutcome {
+    let reject = |why: String| PlanOutcome::Rejected { message: format!("requested address {text}: {why}") };
+    let bare = text.split_once('/').map_or(text, |(ip, _)| ip);
+    let Some(ip) = parse_ip_sloppy(bare) else { return reject("not an IP address".into()) };
+    let value = to_u128(ip);
+    let network_end = range.network | crate::ip::host_mask(range.family, range.prefix_len);
+    if Family::of(ip) != range.family || value < range.network || value > network_end {
+        return reject(format!("outside range {}", range.cidr));
+    }
+    let offset = value - range.network;
+    if offset < range.first_offset || offset > range.last_offset {
+        return reject(format!("outside the allocatable span {} - {} of {}", range.first, range.last, range.cidr));
+    }
+    if Candidates::of(range).rank(offset).is_none() {
+        return reject(format!("excluded in {} (exclude: [{}])", range.cidr, range.excludes.join(" ")));
+    }
+    if taken.any(|t| t == offset) {
+        return reject(format!("already allocated in {}", range.cidr));
+    }
+    PlanOutcome::Fresh { assignment: assignment(range, offset) }
+}
+
+/// The absolute addresses chosen so far in a multi-range plan; later ranges treat
+/// those inside their network as reserved, so one config never hands the same
+/// address out twice (same pool listed twice, or overlapping ranges).
+fn reserve_earlier_choices(range: &NormalizedRange, earlier: &[(Family, u128)], pool: &PoolSnapshot) -> PoolSnapshot {
+    let network_end = range.network | crate::ip::host_mask(range.family, range.prefix_len);
+    let mut pool = pool.clone();
+    pool.reserved.extend(
+        earlier
+            .iter()
+            .filter(|(f, v)| *f == range.family && *v >= range.network && *v <= network_end)
+            .map(|(_, v)| v - range.network),
+    );
+    pool
+}
+
+/// Plan every range of a config. See `plan-all` in the WIT.
+pub fn plan_all(config: &NormalizedConfig, pools: &[PoolSnapshot], req: &Request) -> Result<Vec<PlanOutcome>, PlanOutcome> {
+    if pools.len() != config.ranges.len() {
+        return Err(PlanOutcome::Rejected {
+            message: format!("expected one pool snapshot per range ({}), got {}", config.ranges.len(), pools.len()),
+        });
+    }
+    let mut outcomes = Vec::with_capacity(pools.len());
+    let mut chosen: Vec<(Family, u128)> = Vec::with_capacity(pools.len());
+    for (range, pool) in config.ranges.iter().zip(pools) {
+        let request = Request { requested_ip: range.requested.clone(), ..req.clone() };
+        let outcome = if chosen.is_empty() {
+            plan(range, pool, &request)
+        } else {
+            plan(range, &reserve_earlier_choices(range, &chosen, pool), &request)
+        };
+        match outcome.assignment() {
+            Some(a) => chosen.push((range.family, range.network + a.offset)),
+            None => return Err(outcome),
+        }
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+/// What `pods` successive new pods would get. See `preview` in the WIT.
+pub fn preview(config: &NormalizedConfig, pools: &[PoolSnapshot], pods: u32) -> Vec<Vec<PlanOutcome>> {
+    let empty = PoolSnapshot::default();
+    let pods = pods as usize;
+    let mut columns: Vec<Vec<PlanOutcome>> = Vec::with_capacity(config.ranges.len());
+    let mut chosen_per_pod: Vec<Vec<(Family, u128)>> = vec![Vec::new(); pods];
+    for (i, range) in config.ranges.iter().enumerate() {
+        let pool = pools.get(i).unwrap_or(&empty);
+        // Earlier ranges' choices for *any* previewed pod are taken here too.
+        let earlier: Vec<(Family, u128)> = chosen_per_pod.iter().flatten().copied().collect();
+        let pool = reserve_earlier_choices(range, &earlier, pool);
+        let taken_count = pool.taken.len() + pool.reserved.len();
+        let mut free = FreeRanks::new(range, pool.taken.iter().chain(&pool.reserved).copied(), taken_count, pods);
+        let mut column = Vec::with_capacity(pods);
+        for chosen in chosen_per_pod.iter_mut() {
+            match free.next_offset() {
+                Some(offset) => {
+                    chosen.push((range.family, range.network + offset));
+                    column.push(PlanOutcome::Fresh { assignment: assignment(range, offset) });
+                }
+                None => column.push(PlanOutcome::Exhausted { message: exhausted_message(range) }),
+            }
+        }
+        columns.push(column);
+    }
+    (0..pods).map(|p| columns.iter().map(|c| c[p].clone()).collect()).collect()
+}
+
+/// Indices of the entries a DEL of (container ID, ifname) removes.
+pub fn release(allocations: &[Allocation], container_id: &str, ifname: &str) -> Vec<u32> {
+    allocations
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.container_id == container_id && a.ifname == ifname)
+        .map(|(i, _)| i as u32)
+        .collect()
+}
+
+/// The address at an offset of a range's network.
+pub fn address_at(range: &NormalizedRange, offset: u128) -> Option<IpAddr> {
+    (offset <= crate::ip::host_mask(range.family, range.prefix_len)).then(|| from_u128(range.family, range.network + offset))
+}
+
+/// The offset of an address inside a range's network.
+pub fn offset_of(range: &NormalizedRange, ip: IpAddr) -> Option<u128> {
+    let value = to_u128(ip);
+    let end = range.network | crate::ip::host_mask(range.family, range.prefix_len);
+    (Family::of(ip) == range.family && value >= range.network && value <= end).then(|| value - range.network)
+}
+
+#[cfg(test)]
+#[path = "planner_tests.rs"]
+mod tests;

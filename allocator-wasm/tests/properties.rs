@@ -1,0 +1,167 @@
+//! Property tests: the planner against a brute-force model on random ranges,
+//! excludes and pool states; and normalize on random and mutated configs
+//! ("a structured error or a valid result, never a panic").
+
+use std::collections::BTreeSet;
+
+use proptest::prelude::*;
+use serde_json::json;
+use thereabouts_allocator::{Allocation, NormalizedConfig, PlanOutcome, PoolSnapshot, Request, normalize, plan, plan_all};
+
+/// A random small range config: family, prefix, optional start/end, excludes.
+fn range_config() -> impl Strategy<Value = serde_json::Value> {
+    let v4 = (24u8..=30, 0u32..256).prop_map(|(prefix, third)| (format!("198.51.{}.0/{prefix}", third % 256), 4u8, prefix));
+    let v6 = (118u8..=126, 0u16..0xffff).prop_map(|(prefix, group)| (format!("2001:db8:{group:x}::/{prefix}"), 6u8, prefix));
+    (prop_oneof![v4, v6], proptest::collection::vec((0u32..300, 26u8..=32), 0..4), proptest::option::of(0u32..300), proptest::option::of(0u32..300))
+        .prop_map(|((cidr, family, prefix), excl, start, end)| {
+            let base: std::net::IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
+            let at = |off: u32| -> String {
+                match base {
+                    std::net::IpAddr::V4(v4) => std::net::Ipv4Addr::from(u32::from(v4) + off).to_string(),
+                    std::net::IpAddr::V6(v6) => std::net::Ipv6Addr::from(u128::from(v6) + off as u128).to_string(),
+                }
+            };
+            let excludes: Vec<String> = excl
+                .into_iter()
+                .map(|(off, p)| {
+                    let p = if family == 4 { p } else { p + 96 };
+                    format!("{}/{p}", at(off))
+                })
+                .collect();
+            let _ = prefix;
+            let mut entry = json!({"range": cidr, "exclude": excludes});
+            if let Some(s) = start {
+                entry["range_start"] = json!(at(s));
+            }
+            if let Some(e) = end {
+                entry["range_end"] = json!(at(e));
+            }
+            entry
+        })
+}
+
+fn normalize_entry(entry: &serde_json::Value) -> Option<NormalizedConfig> {
+    let text = json!({"cniVersion": "1.0.0", "name": "p", "ipam": {"type": "thereabouts", "ipRanges": [entry]}}).to_string();
+    normalize(&text, None, "").ok()
+}
+
+fn req(i: usize) -> Request {
+    Request { container_id: format!("c{i}"), pod_ref: format!("ns/pod{i}"), ifname: "eth0".into(), requested_ip: None }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn chosen_address_is_the_lowest_free_one(entry in range_config(), taken in proptest::collection::vec(0u128..400, 0..200)) {
+        let Some(config) = normalize_entry(&entry) else { return Ok(()) };
+        let r = &config.ranges[0];
+        let excluded = |o: u128| r.excluded.iter().any(|&(lo, hi)| o >= lo && o <= hi);
+        let taken_set: BTreeSet<u128> = taken.iter().copied().collect();
+        let expected = (r.first_offset..=r.last_offset).find(|o| !excluded(*o) && !taken_set.contains(o));
+        let pool = PoolSnapshot { taken: taken.clone(), ..Default::default() };
+        match (plan(r, &pool, &req(0)), expected) {
+            (PlanOutcome::Fresh { assignment }, Some(want)) => {
+                prop_assert_eq!(assignment.offset, want);
+                prop_assert!(assignment.offset >= r.first_offset && assignment.offset <= r.last_offset);
+                prop_assert!(!excluded(assignment.offset));
+                prop_assert!(!taken_set.contains(&assignment.offset));
+            }
+            (PlanOutcome::Exhausted { .. }, None) => {}
+            (got, want) => prop_assert!(false, "got {:?}, brute force says {:?}", got, want),
+        }
+    }
+
+    #[test]
+    fn successive_allocations_never_duplicate_and_adds_are_idempotent(entry in range_config(), pods in 1usize..120, churn in proptest::collection::vec(0usize..120, 0..40)) {
+        let Some(config) = normalize_entry(&entry) else { return Ok(()) };
+        let r = &config.ranges[0];
+        let mut entries: Vec<Allocation> = Vec::new();
+        let add = |entries: &mut Vec<Allocation>, i: usize| -> Option<u128> {
+            let request = req(i);
+            let held: Vec<Allocation> = entries.iter().filter(|e| e.pod_ref == request.pod_ref).cloned().collect();
+            let pool = PoolSnapshot { taken: entries.iter().map(|e| e.offset).collect(), reserved: vec![], held };
+            match plan(r, &pool, &request) {
+                PlanOutcome::Fresh { assignment } => {
+                    entries.push(Allocation { offset: assignment.offset, container_id: request.container_id, pod_ref: request.pod_ref, ifname: request.ifname });
+                    Some(assignment.offset)
+                }
+                PlanOutcome::Reuse { assignment, .. } => Some(assignment.offset),
+                _ => None,
+            }
+        };
+        for i in 0..pods {
+            let first = add(&mut entries, i);
+            let again = add(&mut entries, i);
+            prop_assert_eq!(first, again, "second ADD for the same pod ref + ifname must return the same address");
+        }
+        for &victim in &churn {
+            let gone = thereabouts_allocator::release(&entries, &format!("c{victim}"), "eth0");
+            for i in gone.into_iter().rev() { entries.remove(i as usize); }
+            add(&mut entries, victim + 1000);
+        }
+        let offsets: BTreeSet<u128> = entries.iter().map(|e| e.offset).collect();
+        prop_assert_eq!(offsets.len(), entries.len(), "duplicate address handed out");
+        for o in offsets {
+            prop_assert!(o >= r.first_offset && o <= r.last_offset);
+            prop_assert!(!r.excluded.iter().any(|&(lo, hi)| o >= lo && o <= hi));
+        }
+    }
+
+    #[test]
+    fn multi_range_plans_are_disjoint(a in range_config(), b in range_config()) {
+        let text = json!({"cniVersion": "1.0.0", "name": "p", "ipam": {"type": "thereabouts", "ipRanges": [a.clone(), a, b]}}).to_string();
+        let Ok(config) = normalize(&text, None, "") else { return Ok(()) };
+        let pools = vec![PoolSnapshot::default(); config.ranges.len()];
+        if let Ok(out) = plan_all(&config, &pools, &req(1)) {
+            let ips: BTreeSet<String> = out.iter().map(|o| o.assignment().unwrap().ip.clone()).collect();
+            prop_assert_eq!(ips.len(), out.len());
+        }
+    }
+
+    #[test]
+    fn arbitrary_text_never_panics(text in ".{0,300}", flat in proptest::option::of(".{0,80}"), args in "[A-Za-z0-9_=;,./:]{0,60}") {
+        check_error_shape(normalize(&text, flat.as_deref(), &args));
+        let _ = thereabouts_allocator::flat_file_paths(&text);
+    }
+
+    #[test]
+    fn mutated_configs_never_panic(seed in mutated_config(), args in "[A-Za-z0-9_=;,./:]{0,40}") {
+        check_error_shape(normalize(&seed, Some(&seed), &args));
+    }
+}
+
+fn check_error_shape(result: Result<NormalizedConfig, thereabouts_allocator::ConfigError>) {
+    match result {
+        Ok(config) => assert!(!config.ranges.is_empty() || !config.addresses.is_empty()),
+        Err(e) => {
+            assert!([1, 4, 6, 7].contains(&e.code), "unexpected code {}", e.code);
+            assert!(!e.message.is_empty());
+        }
+    }
+}
+
+const SEEDS: [&str; 3] = [
+    r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"whereabouts","range":"192.0.2.0/24","range_start":"192.0.2.10","exclude":["192.0.2.12/30"],"gateway":"192.0.2.1"}}"#,
+    r#"{"cniVersion":"0.3.1","name":"n","ipam":{"type":"thereabouts","ipRanges":[{"range":"192.0.2.0/24"},{"range":"2001:db8::/64","exclude":["2001:db8::1"]}],"routes":[{"dst":"0.0.0.0/0"}]}}"#,
+    r#"{"cniVersion":"1.1.0","name":"l","plugins":[{"type":"bridge","ipam":{"type":"whereabouts","range":"198.51.100.5-198.51.100.25/24","network_name":"a","addresses":[{"address":"203.0.113.9/24"}]}}]}"#,
+];
+
+/// A seed config with bytes replaced, inserted or removed at random positions.
+fn mutated_config() -> impl Strategy<Value = String> {
+    (0usize..SEEDS.len(), proptest::collection::vec((any::<u16>(), any::<u8>(), 0u8..3), 1..6)).prop_map(|(i, edits)| {
+        let mut bytes = SEEDS[i].as_bytes().to_vec();
+        for (pos, byte, kind) in edits {
+            let p = pos as usize % (bytes.len() + 1);
+            match kind {
+                0 if p < bytes.len() => bytes[p] = byte,
+                1 => bytes.insert(p, byte),
+                _ if p < bytes.len() => {
+                    bytes.remove(p);
+                }
+                _ => {}
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
