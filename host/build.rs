@@ -1,7 +1,7 @@
 //! Builds the engine component and precompiles it, so that one `cargo build`
 //! yields a self-contained `thereabouts` binary that never compiles wasm at run time:
 //!
-//! 1. `cargo build -p thereabouts-allocator --target wasm32-unknown-unknown --profile wasm`
+//! 1. `cargo build -p thereabouts-allocator-component --target wasm32-unknown-unknown --profile wasm`
 //!    in a separate target dir (the outer build holds the main one's lock);
 //! 2. wrap the core module into a component with `wit-component` (zero imports);
 //! 3. precompile it with the same `engine_config()` the runtime uses, for a
@@ -21,7 +21,7 @@ fn main() -> Result<()> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let workspace = manifest_dir.parent().context("host/ has a parent")?.to_path_buf();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    for watched in ["allocator-wasm/src", "allocator-wasm/Cargo.toml", "wit", "host/src/engine_config.rs"] {
+    for watched in ["allocator-wasm/src", "allocator-wasm/Cargo.toml", "allocator-wasm/component", "wit", "host/src/engine_config.rs"] {
         println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
     }
 
@@ -49,7 +49,7 @@ fn build_core_module(workspace: &Path) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(workspace)
-        .args(["build", "-p", "thereabouts-allocator", "--lib", "--target", "wasm32-unknown-unknown", "--profile", "wasm"])
+        .args(["build", "-p", "thereabouts-allocator-component", "--lib", "--target", "wasm32-unknown-unknown", "--profile", "wasm"])
         .arg("--target-dir")
         .arg(&target_dir)
         // The outer build's flags are for the host target, not for wasm.
@@ -63,5 +63,5 @@ fn build_core_module(workspace: &Path) -> Result<PathBuf> {
     if !status.success() {
         bail!("building the engine for wasm32-unknown-unknown failed ({status}); run `rustup target add wasm32-unknown-unknown` if the target is missing");
     }
-    Ok(target_dir.join("wasm32-unknown-unknown").join("wasm").join("thereabouts_allocator.wasm"))
+    Ok(target_dir.join("wasm32-unknown-unknown").join("wasm").join("thereabouts_allocator_component.wasm"))
 }

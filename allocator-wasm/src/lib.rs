@@ -1,7 +1,8 @@
 //! thereabouts' engine: CNI network config normalization and multi-range address
 //! planning, compatible with whereabouts v0.9.4. Pure functions, no I/O: the same
 //! code runs natively (tests, benches, the host's comparison path) and as a
-//! WebAssembly component with zero imports (see `wit/ipam.wit` and [`component`]).
+//! WebAssembly component with zero imports (see `wit/ipam.wit`; the export layer
+//! is the `thereabouts-allocator-component` crate in `component/`).
 
 pub mod cni_args;
 pub mod config;
@@ -12,9 +13,6 @@ pub mod model;
 pub mod naming;
 pub mod planner;
 pub mod range;
-
-#[cfg(target_family = "wasm")]
-mod component;
 
 pub use config::{flat_file_paths, normalize};
 pub use error::ConfigError;

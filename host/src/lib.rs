@@ -1,3 +1,16 @@
 //! The `thereabouts` host: everything that does I/O around the engine component.
+//!
+//! - [`cni`]: the CNI plugin protocol (environment, stdin, results, errors);
+//! - [`network_config`]: flat-file discovery and normalization through the engine;
+//! - [`ipam`]: the read → plan → compare-and-swap cycle shared by all commands;
+//! - [`datastore`]: where allocations live (one trait; the file store today);
+//! - [`cli`]: `preview`, `pools` and `engine-component` beside CNI mode;
+//! - [`logging`]: whereabouts-style log lines, never on stdout.
 
+pub mod cli;
+pub mod cni;
 pub mod component;
+pub mod datastore;
+pub mod ipam;
+pub mod logging;
+pub mod network_config;

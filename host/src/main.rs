@@ -1,23 +1,19 @@
-//! `thereabouts`: placeholder entry point until the CNI host lands (issue 3).
+//! `thereabouts` (also installed as `whereabouts`; the name it runs under does not
+//! matter): a CNI IPAM plugin when `CNI_COMMAND` is set, a small CLI otherwise.
 
-use anyhow::{Context, Result};
+use clap::Parser;
 
-fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.get(1).map(String::as_str) {
-        // Writes the engine component (the exact bytes embedded in this binary) so the
-        // playground can transpile the same engine the plugin runs.
-        Some("engine-component") => {
-            let out = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).context("usage: thereabouts engine-component --out FILE")?;
-            std::fs::write(out, thereabouts::component::COMPONENT_WASM).with_context(|| format!("writing {out}"))?;
-            Ok(())
-        }
-        _ => {
-            let mut engine = thereabouts::component::EngineComponent::load()?;
-            let config = std::io::read_to_string(std::io::stdin())?;
-            let normalized = engine.normalize(&config, None, "")?;
-            println!("{normalized:?}");
-            Ok(())
+fn main() -> std::process::ExitCode {
+    if std::env::var_os("CNI_COMMAND").is_some() {
+        let status = thereabouts::cni::run();
+        return std::process::ExitCode::from(u8::try_from(status).unwrap_or(1));
+    }
+    let cli = thereabouts::cli::Cli::parse();
+    match thereabouts::cli::run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
         }
     }
 }

@@ -1,13 +1,15 @@
 //! The component's export layer: wit-bindgen glue that converts between the WIT
-//! records (`wit/ipam.wit`) and the engine's model. Compiled only for wasm; all
-//! logic lives in the rest of the crate and is tested natively.
+//! records (`wit/ipam.wit`) and the engine's model. Compiled only for wasm (the
+//! generated export names do not link on native targets); all logic lives in
+//! `thereabouts-allocator` and is tested natively.
+#![cfg(target_family = "wasm")]
 
-wit_bindgen::generate!({ world: "allocator", path: "../wit" });
+wit_bindgen::generate!({ world: "allocator", path: "../../wit" });
 
 use exports::thereabouts::ipam::engine::Guest;
 use exports::thereabouts::ipam::types as wit;
 
-use crate::{error, ip, model, naming, planner};
+use thereabouts_allocator::{error, ip, model, naming, planner};
 
 struct Component;
 
@@ -48,7 +50,7 @@ fn range_to_wit(r: model::NormalizedRange) -> wit::NormalizedRange {
 
 fn range_from_wit(r: wit::NormalizedRange) -> Result<model::NormalizedRange, error::ConfigError> {
     let (first_offset, last_offset) = (from_offset(r.first_offset), from_offset(r.last_offset));
-    let (network, excluded) = crate::range::derived_parts(&r.cidr, first_offset, last_offset, &r.exclude_cidrs)?;
+    let (network, excluded) = thereabouts_allocator::range::derived_parts(&r.cidr, first_offset, last_offset, &r.exclude_cidrs)?;
     Ok(model::NormalizedRange {
         usable: r.usable.parse().unwrap_or_default(),
         family: family_from_number(r.family),
@@ -170,11 +172,11 @@ fn outcome_to_wit(o: model::PlanOutcome) -> wit::PlanOutcome {
 
 impl Guest for Component {
     fn flat_file_paths(network_config: String) -> Result<Vec<String>, wit::ConfigError> {
-        crate::flat_file_paths(&network_config).map_err(Into::into)
+        thereabouts_allocator::flat_file_paths(&network_config).map_err(Into::into)
     }
 
     fn normalize(network_config: String, flat_file: Option<String>, cni_args: String) -> Result<wit::NormalizedConfig, wit::ConfigError> {
-        crate::normalize(&network_config, flat_file.as_deref(), &cni_args).map(config_to_wit).map_err(Into::into)
+        thereabouts_allocator::normalize(&network_config, flat_file.as_deref(), &cni_args).map(config_to_wit).map_err(Into::into)
     }
 
     fn plan(range: wit::NormalizedRange, pool: wit::PoolSnapshot, req: wit::Request) -> wit::PlanOutcome {

@@ -1,0 +1,248 @@
+//! The command line beside CNI mode (used when `CNI_COMMAND` is not set):
+//! look at what a config would hand out, and at how full its pools are.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow};
+use clap::{Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+use thereabouts_allocator::model::{NormalizedConfig, PlanOutcome};
+
+use crate::cni::error::CniError;
+use crate::cni::result::pretty;
+use crate::component::EngineComponent;
+use crate::{datastore, ipam, network_config};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "thereabouts",
+    version,
+    about = "A whereabouts-compatible IPAM plugin for CNI, with multi-range (dual-stack) allocation",
+    long_about = "A whereabouts-compatible IPAM plugin for CNI, with multi-range (dual-stack) allocation.\n\n\
+        CNI MODE: when CNI_COMMAND is set, the binary is a CNI IPAM plugin (ADD, DEL, CHECK, \
+        VERSION, GC, STATUS; spec 0.1.0 to 1.1.0) reading the network config on stdin. Install it \
+        as /opt/cni/bin/thereabouts, or as /opt/cni/bin/whereabouts to replace whereabouts; \
+        \"ipam\": {\"type\": \"thereabouts\"} and {\"type\": \"whereabouts\"} both work.\n\n\
+        Otherwise the commands below inspect a network config (a .conf or .conflist file).",
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: CliCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CliCommand {
+    /// Show the addresses the next N pods would get, one per range (nothing is written)
+    Preview {
+        /// CNI network config (.conf) or config list (.conflist) with a thereabouts/whereabouts ipam section
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// How many pods to preview
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        pods: u32,
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// Start from the allocations in the configured datastore (read-only) instead of empty pools
+        #[arg(long)]
+        from_datastore: bool,
+    },
+    /// Show usage of every range's pool in the configured datastore
+    Pools {
+        /// CNI network config (.conf) or config list (.conflist)
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Write the embedded engine WebAssembly component (what the playground runs)
+    EngineComponent {
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        CliCommand::Preview { config, pods, output, from_datastore } => preview(&config, pods, output, from_datastore),
+        CliCommand::Pools { config, output } => pools(&config, output),
+        CliCommand::EngineComponent { out } => {
+            std::fs::write(&out, crate::component::COMPONENT_WASM).with_context(|| format!("writing {}", out.display()))
+        }
+    }
+}
+
+fn cni_error(e: CniError) -> anyhow::Error {
+    anyhow!("{} (CNI error code {})", e.msg, e.code)
+}
+
+fn load_config(engine: &mut EngineComponent, path: &Path) -> Result<NormalizedConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let (config, _) = network_config::load(engine, &text, "").map_err(cni_error).with_context(|| format!("in {}", path.display()))?;
+    Ok(config)
+}
+
+/// `preview --output json`: a stable, simple shape the playground compares against.
+#[derive(Debug, Serialize)]
+pub struct PreviewReport {
+    pub ranges: Vec<PreviewRange>,
+    pub pods: Vec<PreviewPod>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PreviewRange {
+    pub cidr: String,
+    pub first: String,
+    pub last: String,
+    /// Decimal string: IPv6 counts exceed what JSON numbers carry exactly.
+    pub usable: String,
+    pub pool_name: String,
+    pub gateway: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PreviewPod {
+    /// 1-based.
+    pub pod: u32,
+    /// One per range, in range order: `ip/prefix`, or `null` when the range is exhausted.
+    pub addresses: Vec<Option<String>>,
+}
+
+pub fn preview_report(config: &NormalizedConfig, outcomes: &[Vec<PlanOutcome>]) -> PreviewReport {
+    PreviewReport {
+        ranges: config
+            .ranges
+            .iter()
+            .map(|r| PreviewRange {
+                cidr: r.cidr.clone(),
+                first: r.first.clone(),
+                last: r.last.clone(),
+                usable: r.usable.to_string(),
+                pool_name: r.pool_name.clone(),
+                gateway: r.gateway.clone(),
+            })
+            .collect(),
+        pods: outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, per_range)| PreviewPod { pod: i as u32 + 1, addresses: per_range.iter().map(|o| o.assignment().map(|a| a.address.clone())).collect() })
+            .collect(),
+    }
+}
+
+fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Result<()> {
+    let mut engine = EngineComponent::load()?;
+    let config = load_config(&mut engine, path)?;
+    let pools = if from_datastore {
+        let store = datastore::open(&config.datastore).map_err(cni_error)?;
+        ipam::snapshots(store.as_ref(), &config).map_err(cni_error)?
+    } else {
+        Vec::new()
+    };
+    let outcomes = engine.preview(&config, &pools, pods)?;
+    let report = preview_report(&config, &outcomes);
+    match output {
+        Output::Json => print!("{}", pretty(&report)),
+        Output::Table => {
+            let mut rows = vec![vec!["RANGE".to_string(), "FIRST".into(), "LAST".into(), "USABLE".into(), "GATEWAY".into(), "POOL".into()]];
+            rows.extend(report.ranges.iter().map(|r| vec![r.cidr.clone(), r.first.clone(), r.last.clone(), r.usable.clone(), r.gateway.clone().unwrap_or_else(|| "-".into()), r.pool_name.clone()]));
+            println!("{}", table(&rows));
+            let mut rows = vec![std::iter::once("POD".to_string()).chain(report.ranges.iter().map(|r| r.cidr.clone())).collect::<Vec<_>>()];
+            rows.extend(report.pods.iter().map(|p| {
+                std::iter::once(p.pod.to_string()).chain(p.addresses.iter().map(|a| a.clone().unwrap_or_else(|| "exhausted".into()))).collect()
+            }));
+            print!("{}", table(&rows));
+        }
+    }
+    Ok(())
+}
+
+/// `pools --output json`.
+#[derive(Debug, Serialize)]
+pub struct PoolsReport {
+    pub datastore: String,
+    pub ranges: Vec<PoolUsage>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PoolUsage {
+    pub cidr: String,
+    pub pool_name: String,
+    pub first: String,
+    pub last: String,
+    /// Counts as decimal strings (IPv6 ranges exceed JSON's exact integers).
+    pub usable: String,
+    pub allocated: String,
+    pub free: String,
+    /// All entries of the pool, including those outside this range's span.
+    pub pool_entries: usize,
+}
+
+fn pools(path: &Path, output: Output) -> Result<()> {
+    let mut engine = EngineComponent::load()?;
+    let config = load_config(&mut engine, path)?;
+    let store = datastore::open(&config.datastore).map_err(cni_error)?;
+    let usage = ipam::usage(store.as_ref(), &config).map_err(cni_error)?;
+    let report = PoolsReport {
+        datastore: store.describe(),
+        ranges: usage
+            .into_iter()
+            .map(|u| PoolUsage {
+                cidr: u.cidr,
+                pool_name: u.pool_name,
+                first: u.first,
+                last: u.last,
+                usable: u.usable.to_string(),
+                allocated: u.allocated.to_string(),
+                free: u.free.to_string(),
+                pool_entries: u.pool_entries,
+            })
+            .collect(),
+    };
+    match output {
+        Output::Json => print!("{}", pretty(&report)),
+        Output::Table => {
+            println!("{}", report.datastore);
+            let mut rows = vec![vec!["RANGE".to_string(), "POOL".into(), "USABLE".into(), "ALLOCATED".into(), "FREE".into()]];
+            rows.extend(report.ranges.iter().map(|r| vec![r.cidr.clone(), r.pool_name.clone(), r.usable.clone(), r.allocated.clone(), r.free.clone()]));
+            print!("{}", table(&rows));
+        }
+    }
+    Ok(())
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row.iter().enumerate().map(|(c, s)| format!("{s:<width$}", width = widths[c])).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(&[vec!["A".into(), "BB".into()], vec!["CCC".into(), "D".into()]]);
+        assert_eq!(t, "A    BB\nCCC  D\n");
+    }
+}

@@ -1,0 +1,276 @@
+//! One function per CNI command. Each takes the validated environment and the
+//! raw stdin, and returns what goes to stdout on success (nothing for DEL, GC,
+//! STATUS) or a [`CniError`].
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use serde_json::{Map, Value};
+use thereabouts_allocator::config::SUPPORTED_CNI_VERSIONS;
+use thereabouts_allocator::model::{Assignment, NormalizedConfig};
+
+use super::env::{Command, CniEnv};
+use super::error::{CniError, code};
+use super::result::{IpConfig, IpamResult, pretty};
+use crate::component::EngineComponent;
+use crate::datastore::{self, Datastore, retry};
+use crate::ipam::{self, Attachment};
+use crate::logging;
+use crate::network_config;
+
+/// The newest spec version we speak; VERSION answers with it when stdin names none.
+pub const LATEST_VERSION: &str = "1.1.0";
+
+pub fn execute(env: &CniEnv, stdin: &str) -> Result<Option<String>, CniError> {
+    if env.command == Command::Version {
+        return Ok(Some(version(stdin)));
+    }
+    let mut engine = EngineComponent::load().map_err(network_config::engine_failure)?;
+    let (config, flat) = network_config::load(&mut engine, stdin, &env.args)?;
+    logging::configure(config.log_level.as_deref(), config.log_file.as_deref());
+    logging::debug(format!(
+        "{} container={} ifname={} network={} cniVersion={} flat file={}",
+        env.command,
+        env.container_id,
+        env.ifname,
+        config.name,
+        config.cni_version,
+        flat.as_ref().map_or("none".to_string(), |f| f.path.display().to_string())
+    ));
+    let store = datastore::open(&config.datastore)?;
+    let who = Attachment { container_id: &env.container_id, ifname: &env.ifname };
+    match env.command {
+        Command::Add => add(&mut engine, store.as_ref(), &config, who).map(Some),
+        Command::Del => del(&mut engine, store.as_ref(), &config, who).map(|()| None),
+        Command::Check => check(&mut engine, store.as_ref(), &config, who, stdin).map(|()| None),
+        Command::Gc => gc(store.as_ref(), &config, stdin).map(|()| None),
+        Command::Status => status(&mut engine, store.as_ref(), &config).map(|()| None),
+        Command::Version => Ok(Some(version(stdin))),
+    }
+}
+
+/// `{"cniVersion": <the config's, if we speak it, else ours>, "supportedVersions": [...]}`.
+/// stdin is optional: libcni sends `{"cniVersion": "1.1.0"}`, others send nothing.
+pub fn version(stdin: &str) -> String {
+    let asked = cni_version_of(stdin).filter(|v| SUPPORTED_CNI_VERSIONS.contains(&v.as_str()));
+    let mut doc = Map::new();
+    doc.insert("cniVersion".into(), Value::from(asked.unwrap_or_else(|| LATEST_VERSION.to_string())));
+    doc.insert("supportedVersions".into(), Value::from(SUPPORTED_CNI_VERSIONS.to_vec()));
+    pretty(&Value::Object(doc))
+}
+
+/// The `cniVersion` string of a JSON document, if it has one (for error output).
+pub fn cni_version_of(stdin: &str) -> Option<String> {
+    serde_json::from_str::<Value>(stdin).ok()?.get("cniVersion")?.as_str().map(str::to_string)
+}
+
+/// Numeric comparison of `major.minor.patch` versions.
+fn at_least(version: &str, minimum: &str) -> bool {
+    let parse = |v: &str| -> Vec<u64> { v.split('.').map(|p| p.parse().unwrap_or(0)).collect() };
+    parse(version) >= parse(minimum)
+}
+
+fn require_version(config: &NormalizedConfig, command: Command, minimum: &str) -> Result<(), CniError> {
+    if at_least(&config.cni_version, minimum) {
+        return Ok(());
+    }
+    Err(CniError::new(code::INCOMPATIBLE_VERSION, format!("config version does not allow {command}"))
+        .with_details(format!("cniVersion {} is older than {minimum}", config.cni_version)))
+}
+
+fn deadline(default: std::time::Duration) -> Instant {
+    Instant::now() + retry::budget(default)
+}
+
+fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<String, CniError> {
+    let assignments = ipam::allocate(engine, store, config, who, deadline(retry::ADD_BUDGET))?;
+    let result = build_result(config, &assignments)?;
+    logging::verbose(format!(
+        "ADD {}/{}: {}",
+        who.container_id,
+        who.ifname,
+        result.ips.iter().map(|ip| ip.address.as_str()).collect::<Vec<_>>().join(", ")
+    ));
+    result.to_json(&config.cni_version)
+}
+
+/// Allocated addresses in range order, then static addresses; routes and DNS as configured.
+pub fn build_result(config: &NormalizedConfig, assignments: &[Assignment]) -> Result<IpamResult, CniError> {
+    let mut ips: Vec<IpConfig> = config
+        .ranges
+        .iter()
+        .zip(assignments)
+        .map(|(range, a)| IpConfig { address: a.address.clone(), gateway: a.gateway.clone(), family: range.family })
+        .collect();
+    ips.extend(config.addresses.iter().map(|s| IpConfig { address: s.address.clone(), gateway: s.gateway.clone(), family: s.family }));
+    let routes = match &config.routes_json {
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Array(routes)) => routes,
+            _ => return Err(CniError::new(code::INTERNAL, "engine returned routes that are not a JSON array")),
+        },
+        None => Vec::new(),
+    };
+    let dns = match &config.dns_json {
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(dns)) => Some(dns),
+            _ => return Err(CniError::new(code::INTERNAL, "engine returned dns that is not a JSON object")),
+        },
+        None => None,
+    };
+    Ok(IpamResult { ips, routes, dns })
+}
+
+fn del(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<(), CniError> {
+    let removed = ipam::release(engine, store, config, who, deadline(retry::OTHER_BUDGET))?;
+    logging::verbose(format!("DEL {}/{}: released {removed} allocation(s)", who.container_id, who.ifname));
+    Ok(())
+}
+
+/// CHECK: every range holds an entry for this attachment, and `prevResult` lists
+/// exactly our addresses among those that fall inside our ranges.
+fn check(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, stdin: &str) -> Result<(), CniError> {
+    require_version(config, Command::Check, "0.4.0")?;
+    let previous = prev_result_addresses(stdin)?;
+    let found = ipam::find(engine, store, config, who)?;
+    let mut ours = Vec::new();
+    for (range, entry) in config.ranges.iter().zip(found) {
+        let entry = entry.ok_or_else(|| {
+            CniError::new(code::INTERNAL, format!("no allocation in range {} for container {} interface {}", range.cidr, who.container_id, who.ifname))
+        })?;
+        ours.push(ipam::address_of(range, entry.offset).ok_or_else(|| CniError::new(code::INTERNAL, format!("stored offset {} is outside {}", entry.offset, range.cidr)))?);
+    }
+    ours.extend(config.addresses.iter().map(|s| s.address.clone()));
+    for address in &ours {
+        if !previous.iter().any(|p| same_address(p, address)) {
+            return Err(CniError::new(code::INTERNAL, format!("address {address} is allocated to container {} but missing from prevResult", who.container_id)));
+        }
+    }
+    for address in &previous {
+        let Some(ip) = address.split('/').next().and_then(|ip| ip.parse::<IpAddr>().ok()) else { continue };
+        let inside_ours = config.ranges.iter().any(|r| thereabouts_allocator::planner::offset_of(r, ip).is_some());
+        if inside_ours && !ours.iter().any(|o| same_address(o, address)) {
+            return Err(CniError::new(code::INTERNAL, format!("prevResult address {address} is not allocated to container {} interface {}", who.container_id, who.ifname)));
+        }
+    }
+    logging::verbose(format!("CHECK {}/{}: {} address(es) match", who.container_id, who.ifname, ours.len()));
+    Ok(())
+}
+
+/// `ip/prefix` equality on parsed addresses (so `2001:DB8::1/64` equals `2001:db8::1/64`).
+fn same_address(a: &str, b: &str) -> bool {
+    let parse = |s: &str| -> Option<(IpAddr, String)> {
+        let (ip, prefix) = s.split_once('/').unwrap_or((s, ""));
+        Some((ip.parse().ok()?, prefix.to_string()))
+    };
+    match (parse(a), parse(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The `address` of every `prevResult.ips[]` entry (CHECK configs are ≥ 0.4.0, so
+/// the result has the `ips` layout).
+fn prev_result_addresses(stdin: &str) -> Result<Vec<String>, CniError> {
+    let doc: Value = serde_json::from_str(stdin).map_err(|e| CniError::new(code::DECODE, format!("network config: JSON parsing error: {e}")))?;
+    let prev = doc.get("prevResult").filter(|v| !v.is_null()).ok_or_else(|| CniError::new(code::INVALID_CONFIG, "CHECK requires prevResult in the network config"))?;
+    let ips = match prev.get("ips") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(ips)) => ips,
+        Some(_) => return Err(CniError::new(code::DECODE, "prevResult.ips is not an array")),
+    };
+    ips.iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            ip.get("address")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| CniError::new(code::DECODE, format!("prevResult.ips[{i}].address is missing")))
+        })
+        .collect()
+}
+
+fn gc(store: &dyn Datastore, config: &NormalizedConfig, stdin: &str) -> Result<(), CniError> {
+    require_version(config, Command::Gc, "1.1.0")?;
+    let valid = valid_attachments(stdin)?;
+    let removed = ipam::collect_garbage(store, config, &valid, deadline(retry::OTHER_BUDGET))?;
+    for (pool, entry) in &removed {
+        logging::verbose(format!("GC: freed offset {} in pool {} (container {} interface {})", entry.offset, pool.name, entry.container_id, entry.ifname));
+    }
+    Ok(())
+}
+
+/// `cni.dev/valid-attachments` (the spec's key since 1.1.0 was tagged) together with
+/// `cni.dev/attachments` (the key in the tagged text); absent means none is valid.
+pub fn valid_attachments(stdin: &str) -> Result<HashSet<(String, String)>, CniError> {
+    let doc: Value = serde_json::from_str(stdin).map_err(|e| CniError::new(code::DECODE, format!("network config: JSON parsing error: {e}")))?;
+    let mut valid = HashSet::new();
+    for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
+        let list = match doc.get(key) {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(list)) => list,
+            Some(_) => return Err(CniError::new(code::DECODE, format!("{key} is not a list"))),
+        };
+        for (i, item) in list.iter().enumerate() {
+            let field = |name: &str| item.get(name).and_then(Value::as_str).map(str::to_string);
+            match (field("containerID"), field("ifname")) {
+                (Some(id), Some(ifname)) => {
+                    valid.insert((id, ifname));
+                }
+                _ => return Err(CniError::new(code::DECODE, format!("{key}[{i}] needs string fields containerID and ifname"))),
+            }
+        }
+    }
+    Ok(valid)
+}
+
+/// STATUS: code 50 when the datastore cannot take writes or a range is full.
+fn status(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig) -> Result<(), CniError> {
+    require_version(config, Command::Status, "1.1.0")?;
+    let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
+    store.check_usable().map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
+    let pools = ipam::snapshots(store, config).map_err(|e| unavailable(format!("datastore unusable: {}", e.msg)))?;
+    let next = engine.preview(config, &pools, 1).map_err(network_config::engine_failure)?;
+    for (range, outcome) in config.ranges.iter().zip(next.first().map(Vec::as_slice).unwrap_or_default()) {
+        if outcome.assignment().is_none() {
+            return Err(unavailable(format!("no free address in range {} (pool {})", range.cidr, range.pool_name)));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_echoes_a_supported_config_version() {
+        let v: Value = serde_json::from_str(&version("{\"cniVersion\":\"0.3.1\"}")).unwrap();
+        assert_eq!(v["cniVersion"], "0.3.1");
+        assert_eq!(v["supportedVersions"].as_array().unwrap().len(), 7);
+        let v: Value = serde_json::from_str(&version("")).unwrap();
+        assert_eq!(v["cniVersion"], LATEST_VERSION);
+        let v: Value = serde_json::from_str(&version("{\"cniVersion\":\"9.9.9\"}")).unwrap();
+        assert_eq!(v["cniVersion"], LATEST_VERSION);
+    }
+
+    #[test]
+    fn version_order_is_numeric() {
+        assert!(at_least("1.1.0", "1.1.0") && at_least("1.0.0", "0.4.0") && !at_least("0.3.1", "0.4.0") && at_least("0.10.0", "0.4.0"));
+    }
+
+    #[test]
+    fn both_attachment_keys_are_read() {
+        let stdin = r#"{"cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"}],"cni.dev/attachments":[{"containerID":"b","ifname":"net1"}]}"#;
+        let valid = valid_attachments(stdin).unwrap();
+        assert!(valid.contains(&("a".into(), "eth0".into())) && valid.contains(&("b".into(), "net1".into())));
+        assert!(valid_attachments("{}").unwrap().is_empty());
+        assert_eq!(valid_attachments(r#"{"cni.dev/valid-attachments":[{"containerID":1}]}"#).unwrap_err().code, 6);
+    }
+
+    #[test]
+    fn addresses_compare_by_value() {
+        assert!(same_address("2001:DB8::1/64", "2001:db8::1/64"));
+        assert!(!same_address("192.0.2.1/24", "192.0.2.1/25"));
+    }
+}

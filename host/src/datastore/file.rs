@@ -1,0 +1,342 @@
+//! The embedded, node-local datastore (`"datastore": "file"`), for clusters or
+//! hosts without a shared store, like host-local but with whereabouts' pools.
+//!
+//! Layout of `data_dir`:
+//! - `<pool>.json`: one pool, shaped like an `IPPool` spec plus a version counter:
+//!   `{"range": "192.0.2.0/24", "version": 3, "allocations": {"1": {"id", "podref", "ifname"}}}`
+//!   (keys are decimal offsets from the network address, as in whereabouts).
+//! - `<pool>.lock`: the pool's inter-process lock (`flock`), kept forever.
+//! - `.<pool>.json.tmp`: a new version being written; only the lock holder writes
+//!   it, so one left behind is a crashed writer's and the next writer truncates it.
+//!
+//! Readers take no lock: files are only ever replaced whole by `rename`, so a
+//! reader sees the old or the new version, never a torn one. Writers lock every
+//! pool they change in name order (no deadlock between multi-pool commits), check
+//! the versions they planned against, write and fsync all temp files, then rename
+//! them and fsync the directory.
+//!
+//! Crash window: a kill between two renames of one multi-pool commit leaves the
+//! first pools updated and the others not. No file is torn and no address is
+//! given twice; the ADD never reported success, so the runtime sends DEL (which
+//! releases the entries in every pool) or retries the ADD (which finds and reuses
+//! the partial entries, keyed by pod and interface); GC removes them otherwise.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use thereabouts_allocator::model::Allocation;
+
+use super::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, Version};
+
+pub struct FileStore {
+    dir: PathBuf,
+}
+
+/// How often a blocked writer tries the lock again.
+const LOCK_POLL: Duration = Duration::from_millis(2);
+
+impl FileStore {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn pool_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.json"))
+    }
+    fn lock_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.lock"))
+    }
+    fn temp_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!(".{name}.json.tmp"))
+    }
+
+    /// Whether `data_dir` exists (a missing one holds empty pools).
+    fn dir_exists(&self) -> Result<bool, DatastoreError> {
+        match fs::metadata(&self.dir) {
+            Ok(meta) if meta.is_dir() => Ok(true),
+            Ok(_) => Err(DatastoreError::NotADirectory { path: self.dir.clone() }),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) if e.kind() == ErrorKind::NotADirectory => Err(DatastoreError::NotADirectory { path: self.dir.clone() }),
+            Err(e) => Err(DatastoreError::io(&self.dir, e)),
+        }
+    }
+
+    fn ensure_dir(&self) -> Result<(), DatastoreError> {
+        if self.dir_exists()? {
+            return Ok(());
+        }
+        fs::create_dir_all(&self.dir).map_err(|e| match e.kind() {
+            ErrorKind::NotADirectory | ErrorKind::AlreadyExists => DatastoreError::NotADirectory { path: self.dir.clone() },
+            _ => DatastoreError::io(&self.dir, e),
+        })
+    }
+
+    /// Takes the pool's lock, polling until `deadline`.
+    fn lock(&self, name: &str, deadline: Instant) -> Result<File, DatastoreError> {
+        let path = self.lock_path(name);
+        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| DatastoreError::io(&path, e))?;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(file),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => std::thread::sleep(LOCK_POLL),
+                Err(TryLockError::WouldBlock) => return Err(DatastoreError::Timeout { what: format!("locking pool {name} ({})", path.display()) }),
+                Err(TryLockError::Error(e)) => return Err(DatastoreError::io(&path, e)),
+            }
+        }
+    }
+
+    fn read_pool(&self, pool: &PoolId) -> Result<Pool, DatastoreError> {
+        let path = self.pool_path(&pool.name);
+        match fs::read(&path) {
+            Ok(bytes) => decode(&path, &bytes, pool),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Pool::default()),
+            Err(e) => Err(DatastoreError::io(&path, e)),
+        }
+    }
+
+    /// Writes a pool's next version to its temp file and makes it durable.
+    fn write_temp(&self, pool: &PoolId, version: u64, entries: &BTreeMap<u128, Allocation>) -> Result<PathBuf, DatastoreError> {
+        let temp = self.temp_path(&pool.name);
+        let write = || -> std::io::Result<()> {
+            let mut file = OpenOptions::new().create(true).truncate(true).write(true).open(&temp)?;
+            file.write_all(&encode(pool, version, entries))?;
+            file.sync_all()
+        };
+        write().map_err(|e| DatastoreError::io(&temp, e))?;
+        Ok(temp)
+    }
+
+    fn sync_dir(&self) -> Result<(), DatastoreError> {
+        File::open(&self.dir).and_then(|d| d.sync_all()).map_err(|e| DatastoreError::io(&self.dir, e))
+    }
+}
+
+impl Datastore for FileStore {
+    fn describe(&self) -> String {
+        format!("file datastore in {}", self.dir.display())
+    }
+
+    fn load(&self, pool: &PoolId) -> Result<Pool, DatastoreError> {
+        if !self.dir_exists()? {
+            return Ok(Pool::default());
+        }
+        self.read_pool(pool)
+    }
+
+    fn commit(&self, updates: &[PoolUpdate], deadline: Instant) -> Result<(), DatastoreError> {
+        if updates.iter().all(|u| u.changes.is_empty()) {
+            return Ok(());
+        }
+        self.ensure_dir()?;
+        let mut order: Vec<&PoolUpdate> = updates.iter().filter(|u| !u.changes.is_empty()).collect();
+        order.sort_by(|a, b| a.pool.name.cmp(&b.pool.name));
+        if order.windows(2).any(|w| w[0].pool.name == w[1].pool.name) {
+            return Err(DatastoreError::Inconsistent { pool: order[0].pool.name.clone(), detail: "one commit updates the same pool twice".into() });
+        }
+        // Held until the end of the function: every rename happens under every lock.
+        let _locks = order.iter().map(|u| self.lock(&u.pool.name, deadline)).collect::<Result<Vec<_>, _>>()?;
+
+        let mut staged = Vec::with_capacity(order.len());
+        for update in &order {
+            let current = self.read_pool(&update.pool)?;
+            if current.version != update.expected {
+                return Err(DatastoreError::Conflict { pool: update.pool.name.clone() });
+            }
+            let entries = apply(&update.pool.name, current.entries, &update.changes)?;
+            let version = if current.version.is_absent() { 0 } else { current.version.0.parse::<u64>().unwrap_or(0) };
+            staged.push((self.write_temp(&update.pool, version + 1, &entries)?, self.pool_path(&update.pool.name)));
+        }
+        for (temp, path) in &staged {
+            fs::rename(temp, path).map_err(|e| DatastoreError::io(path, e))?;
+        }
+        self.sync_dir()
+    }
+
+    fn check_usable(&self) -> Result<(), DatastoreError> {
+        self.ensure_dir()?;
+        // Writing is what ADD needs; a probe file proves it (read-only mounts, full disks).
+        let probe = self.dir.join(format!(".status-probe-{}", std::process::id()));
+        let result = OpenOptions::new().create(true).truncate(true).write(true).open(&probe).and_then(|mut f| f.write_all(b"ok"));
+        let _ = fs::remove_file(&probe);
+        result.map_err(|e| DatastoreError::io(&self.dir, e))
+    }
+}
+
+fn apply(pool: &str, entries: Vec<Allocation>, changes: &[Change]) -> Result<BTreeMap<u128, Allocation>, DatastoreError> {
+    let mut by_offset: BTreeMap<u128, Allocation> = entries.into_iter().map(|a| (a.offset, a)).collect();
+    let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: pool.to_string(), detail };
+    for change in changes {
+        match change {
+            Change::Insert(allocation) => {
+                if by_offset.contains_key(&allocation.offset) {
+                    return Err(inconsistent(format!("offset {} is already allocated", allocation.offset)));
+                }
+                by_offset.insert(allocation.offset, allocation.clone());
+            }
+            Change::Remove { offset } => {
+                by_offset.remove(offset);
+            }
+            Change::SetContainerId { offset, container_id } => match by_offset.get_mut(offset) {
+                Some(entry) => entry.container_id = container_id.clone(),
+                None => return Err(inconsistent(format!("no allocation at offset {offset} to update"))),
+            },
+        }
+    }
+    Ok(by_offset)
+}
+
+fn encode(pool: &PoolId, version: u64, entries: &BTreeMap<u128, Allocation>) -> Vec<u8> {
+    let allocations: Map<String, Value> = entries
+        .values()
+        .map(|a| {
+            let mut entry = Map::new();
+            entry.insert("id".into(), Value::from(a.container_id.as_str()));
+            entry.insert("podref".into(), Value::from(a.pod_ref.as_str()));
+            entry.insert("ifname".into(), Value::from(a.ifname.as_str()));
+            (a.offset.to_string(), Value::Object(entry))
+        })
+        .collect();
+    let mut doc = Map::new();
+    doc.insert("range".into(), Value::from(pool.cidr.as_str()));
+    doc.insert("version".into(), Value::from(version));
+    doc.insert("allocations".into(), Value::Object(allocations));
+    crate::cni::result::pretty(&Value::Object(doc)).into_bytes()
+}
+
+fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Pool, DatastoreError> {
+    let corrupt = |detail: String| DatastoreError::Corrupt { path: path.to_path_buf(), detail };
+    let doc: Value = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
+    let range = doc.get("range").and_then(Value::as_str).ok_or_else(|| corrupt("missing \"range\"".into()))?;
+    if range != pool.cidr {
+        return Err(corrupt(format!("holds range {range}, expected {}", pool.cidr)));
+    }
+    let version = doc.get("version").and_then(Value::as_u64).ok_or_else(|| corrupt("missing numeric \"version\"".into()))?;
+    let mut entries = Vec::new();
+    if let Some(allocations) = doc.get("allocations") {
+        let allocations = allocations.as_object().ok_or_else(|| corrupt("\"allocations\" is not an object".into()))?;
+        for (key, entry) in allocations {
+            let offset = key.parse::<u128>().map_err(|_| corrupt(format!("allocation key {key:?} is not a decimal offset")))?;
+            let field = |name: &str| entry.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
+            entries.push(Allocation { offset, container_id: field("id"), pod_ref: field("podref"), ifname: field("ifname") });
+        }
+    }
+    Ok(Pool { version: Version(version.to_string()), entries })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("thereabouts-file-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn pool(name: &str, cidr: &str) -> PoolId {
+        PoolId { name: name.into(), cidr: cidr.into() }
+    }
+
+    fn alloc(offset: u128, id: &str) -> Allocation {
+        Allocation { offset, container_id: id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into() }
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    #[test]
+    fn missing_directory_reads_as_empty_pools_and_is_created_on_commit() {
+        let dir = temp_dir("create");
+        let store = FileStore::new(dir.join("nested"));
+        let p = pool("192.0.2.0-24", "192.0.2.0/24");
+        assert_eq!(store.load(&p).unwrap(), Pool::default());
+        let update = PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] };
+        store.commit(&[update], soon()).unwrap();
+        let loaded = store.load(&p).unwrap();
+        assert_eq!(loaded.version, Version("1".into()));
+        assert_eq!(loaded.entries, vec![alloc(1, "c1")]);
+        let text = fs::read_to_string(dir.join("nested/192.0.2.0-24.json")).unwrap();
+        let doc: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["range"], "192.0.2.0/24");
+        assert_eq!(doc["allocations"]["1"], serde_json::json!({"id": "c1", "podref": "ns/p", "ifname": "eth0"}));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn stale_versions_conflict_and_change_nothing() {
+        let dir = temp_dir("conflict");
+        let store = FileStore::new(&dir);
+        let a = pool("a", "192.0.2.0/24");
+        let b = pool("b", "198.51.100.0/24");
+        store.commit(&[PoolUpdate { pool: b.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(5, "x"))] }], soon()).unwrap();
+        let before_b = fs::read(dir.join("b.json")).unwrap();
+        // `b` moved (it exists now): a two-pool commit planned against the old state fails whole.
+        let updates = [
+            PoolUpdate { pool: a.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] },
+            PoolUpdate { pool: b.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] },
+        ];
+        assert!(matches!(store.commit(&updates, soon()), Err(DatastoreError::Conflict { .. })));
+        assert!(!dir.join("a.json").exists());
+        assert_eq!(fs::read(dir.join("b.json")).unwrap(), before_b);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn changes_apply_in_order() {
+        let dir = temp_dir("changes");
+        let store = FileStore::new(&dir);
+        let p = pool("p", "192.0.2.0/24");
+        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a")), Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
+        let v = store.load(&p).unwrap().version;
+        let changes = vec![Change::Remove { offset: 1 }, Change::SetContainerId { offset: 2, container_id: "b2".into() }];
+        store.commit(&[PoolUpdate { pool: p.clone(), expected: v, changes }], soon()).unwrap();
+        assert_eq!(store.load(&p).unwrap().entries, vec![alloc(2, "b2")]);
+        let bad = PoolUpdate { pool: p.clone(), expected: store.load(&p).unwrap().version, changes: vec![Change::Insert(alloc(2, "dup"))] };
+        assert!(matches!(store.commit(&[bad], soon()), Err(DatastoreError::Inconsistent { .. })));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_held_lock_times_out() {
+        let dir = temp_dir("lock");
+        let store = FileStore::new(&dir);
+        store.ensure_dir().unwrap();
+        let held = store.lock("p", soon()).unwrap();
+        let update = PoolUpdate { pool: pool("p", "192.0.2.0/24"), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] };
+        let err = store.commit(&[update], Instant::now() + Duration::from_millis(30)).unwrap_err();
+        assert!(matches!(err, DatastoreError::Timeout { .. }), "{err}");
+        drop(held);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_as_data_dir_is_reported() {
+        let dir = temp_dir("notdir");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("f"), b"x").unwrap();
+        let store = FileStore::new(dir.join("f"));
+        assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
+        let nested = FileStore::new(dir.join("f/sub"));
+        assert!(matches!(nested.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn corrupt_pool_files_are_errors_not_empty_pools() {
+        let dir = temp_dir("corrupt");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("p.json"), b"{\"range\":").unwrap();
+        let store = FileStore::new(&dir);
+        assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
+        fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,177 @@
+//! Where allocations live. One trait for every backend (the embedded file store
+//! today; Kubernetes `IPPool`s and etcd next): read a pool with an opaque version,
+//! then commit changes to several pools at once, all or nothing, only if none of
+//! them moved since it was read (compare-and-swap). Planning happens between the
+//! two in the engine, so a backend never decides which address anyone gets.
+
+pub mod file;
+pub mod retry;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use thereabouts_allocator::model::{Allocation, DatastoreSettings};
+
+use crate::cni::error::{CniError, code};
+
+/// Where `"datastore": "file"` keeps its pools when `data_dir` is not set.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/thereabouts";
+
+/// A pool: the allocations of one range CIDR (scoped by `network_name`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolId {
+    /// The engine's pool name, e.g. `192.0.2.0-24` or `blue-2001-db8---64`.
+    pub name: String,
+    /// The range's canonical CIDR, stored in the pool as its `range`.
+    pub cidr: String,
+}
+
+/// A backend's version of a pool: compared for equality only. The empty version
+/// means "the pool does not exist yet".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Version(pub String);
+
+impl Version {
+    pub fn absent() -> Self {
+        Version(String::new())
+    }
+    pub fn is_absent(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// A pool as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pool {
+    pub version: Version,
+    /// In no particular order; one entry per offset.
+    pub entries: Vec<Allocation>,
+}
+
+/// One change to a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Record a new allocation at a free offset.
+    Insert(Allocation),
+    /// Forget the allocation at an offset (DEL, GC).
+    Remove { offset: u128 },
+    /// Hand an existing allocation to a new container of the same pod (a
+    /// StatefulSet pod re-created under the same name keeps its address).
+    SetContainerId { offset: u128, container_id: String },
+}
+
+/// The changes to one pool, valid only if the pool is still at `expected`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolUpdate {
+    pub pool: PoolId,
+    pub expected: Version,
+    pub changes: Vec<Change>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatastoreError {
+    /// A pool moved since it was read: read again, plan again, retry.
+    #[error("pool {pool} changed concurrently")]
+    Conflict { pool: String },
+    /// The call's time budget ran out (waiting for a lock, or retrying conflicts).
+    #[error("datastore busy: {what} did not finish within the time limit")]
+    Timeout { what: String },
+    /// The storage itself failed (permissions, disk, ...). Possibly transient.
+    #[error("datastore I/O error on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// The configured location cannot hold a datastore.
+    #[error("datastore location {path} is not a directory")]
+    NotADirectory { path: PathBuf },
+    /// Stored data this build cannot read.
+    #[error("pool data {path} is unreadable: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    /// A change that contradicts the pool's content (a bug, never expected).
+    #[error("inconsistent change to pool {pool}: {detail}")]
+    Inconsistent { pool: String, detail: String },
+}
+
+impl DatastoreError {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        DatastoreError::Io { path: path.into(), source }
+    }
+
+    /// The CNI code a runtime sees: 11 ("try again later") for what may heal by
+    /// itself, 7 for a datastore location that is wrong in the config, 999 otherwise.
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            DatastoreError::Conflict { .. } | DatastoreError::Timeout { .. } | DatastoreError::Io { .. } => code::TRY_AGAIN_LATER,
+            DatastoreError::NotADirectory { .. } => code::INVALID_CONFIG,
+            DatastoreError::Corrupt { .. } | DatastoreError::Inconsistent { .. } => code::INTERNAL,
+        }
+    }
+}
+
+impl From<DatastoreError> for CniError {
+    fn from(e: DatastoreError) -> Self {
+        CniError::new(e.cni_code(), e.to_string())
+    }
+}
+
+pub trait Datastore {
+    /// What and where, for logs and the `pools` command.
+    fn describe(&self) -> String;
+
+    /// The pool's current content; an absent pool is empty with [`Version::absent`].
+    fn load(&self, pool: &PoolId) -> Result<Pool, DatastoreError>;
+
+    /// Applies every update or none. Fails with [`DatastoreError::Conflict`] when
+    /// some pool is no longer at its expected version; waits for other writers no
+    /// longer than `deadline`.
+    fn commit(&self, updates: &[PoolUpdate], deadline: Instant) -> Result<(), DatastoreError>;
+
+    /// Whether the datastore can serve an ADD now (CNI STATUS).
+    fn check_usable(&self) -> Result<(), DatastoreError>;
+}
+
+/// The datastore a network config asks for. There is no silent default: a config
+/// must say where its allocations live.
+pub fn open(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, CniError> {
+    match settings.kind.as_deref() {
+        Some("file") => {
+            let dir = settings.data_dir.as_deref().filter(|d| !d.is_empty()).unwrap_or(DEFAULT_DATA_DIR);
+            Ok(Box::new(file::FileStore::new(dir)))
+        }
+        Some("kubernetes") => Err(not_available("kubernetes")),
+        Some("etcd") => Err(not_available("etcd")),
+        None if settings.kubeconfig.as_deref().is_some_and(|k| !k.is_empty()) => Err(not_available("kubernetes")),
+        None => Err(CniError::new(
+            code::INVALID_CONFIG,
+            "ipam.datastore is not set: choose \"file\" (node-local, with \"data_dir\"), \"kubernetes\" (with \"kubernetes\": {\"kubeconfig\": ...}) or \"etcd\" (with \"etcd_host\")",
+        )
+        .with_details("field: ipam.datastore")),
+        Some(other) => Err(CniError::new(code::INVALID_CONFIG, format!("unknown datastore {other:?}: choose \"file\", \"kubernetes\" or \"etcd\""))),
+    }
+}
+
+fn not_available(kind: &str) -> CniError {
+    CniError::new(
+        code::INVALID_CONFIG,
+        format!("the {kind} datastore is not available in this build of thereabouts; use \"datastore\": \"file\" for now"),
+    )
+    .with_details("field: ipam.datastore")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_silent_default_datastore() {
+        let e = open(&DatastoreSettings::default()).err().unwrap();
+        assert_eq!(e.code, 7);
+        for choice in ["\"file\"", "\"kubernetes\"", "\"etcd\""] {
+            assert!(e.msg.contains(choice), "{}", e.msg);
+        }
+        let k8s = DatastoreSettings { kubeconfig: Some("/etc/kc".into()), ..Default::default() };
+        assert!(open(&k8s).err().unwrap().msg.contains("kubernetes datastore is not available"));
+        let etcd = DatastoreSettings { kind: Some("etcd".into()), ..Default::default() };
+        assert_eq!(open(&etcd).err().unwrap().code, 7);
+        let file = DatastoreSettings { kind: Some("file".into()), ..Default::default() };
+        assert!(open(&file).unwrap().describe().contains(DEFAULT_DATA_DIR));
+    }
+}

@@ -1,0 +1,315 @@
+//! The allocation cycle shared by every command and every datastore:
+//! read the pools → let the engine decide → commit all pools at once with
+//! compare-and-swap → on conflict, read again and decide again, with jittered
+//! backoff, until the call's deadline.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Instant;
+
+use thereabouts_allocator::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, Request};
+
+use crate::cni::error::{CniError, code};
+use crate::component::EngineComponent;
+use crate::datastore::retry::Backoff;
+use crate::datastore::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate};
+use crate::network_config::engine_failure;
+
+/// Who a call is about: CNI_CONTAINERID and CNI_IFNAME.
+#[derive(Debug, Clone, Copy)]
+pub struct Attachment<'a> {
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+}
+
+pub fn pool_of(range: &NormalizedRange) -> PoolId {
+    PoolId { name: range.pool_name.clone(), cidr: range.cidr.clone() }
+}
+
+/// The config's pools, each once, in range order (two ranges may share a pool).
+fn distinct_pools(config: &NormalizedConfig) -> Vec<PoolId> {
+    let mut seen = HashSet::new();
+    config.ranges.iter().map(pool_of).filter(|p| seen.insert(p.name.clone())).collect()
+}
+
+fn load_all(store: &dyn Datastore, pools: &[PoolId]) -> Result<BTreeMap<String, Pool>, CniError> {
+    pools.iter().map(|p| Ok((p.name.clone(), store.load(p)?))).collect()
+}
+
+/// Per-pool change lists in range order, turned into updates against the versions read.
+struct Changes {
+    order: Vec<PoolId>,
+    by_pool: BTreeMap<String, Vec<Change>>,
+}
+
+impl Changes {
+    fn new() -> Self {
+        Changes { order: Vec::new(), by_pool: BTreeMap::new() }
+    }
+    fn push(&mut self, pool: PoolId, change: Change) {
+        if !self.by_pool.contains_key(&pool.name) {
+            self.order.push(pool.clone());
+        }
+        self.by_pool.entry(pool.name).or_default().push(change);
+    }
+    fn is_empty(&self) -> bool {
+        self.by_pool.is_empty()
+    }
+    fn into_updates(mut self, pools: &BTreeMap<String, Pool>) -> Vec<PoolUpdate> {
+        self.order
+            .into_iter()
+            .map(|pool| PoolUpdate {
+                expected: pools.get(&pool.name).map(|p| p.version.clone()).unwrap_or_default(),
+                changes: self.by_pool.remove(&pool.name).unwrap_or_default(),
+                pool,
+            })
+            .collect()
+    }
+}
+
+/// Runs `attempt` until it commits, re-running it after every conflict.
+/// `attempt` returns `None` when there is nothing to commit.
+fn until_committed<T>(
+    store: &dyn Datastore,
+    deadline: Instant,
+    what: &str,
+    mut attempt: impl FnMut() -> Result<(T, Vec<PoolUpdate>), CniError>,
+) -> Result<T, CniError> {
+    let mut backoff = Backoff::new();
+    let mut conflicts = 0u32;
+    loop {
+        let (value, updates) = attempt()?;
+        if updates.is_empty() {
+            return Ok(value);
+        }
+        match store.commit(&updates, deadline) {
+            Ok(()) => {
+                if conflicts > 0 {
+                    crate::logging::verbose(format!("{what}: committed after {conflicts} conflict(s)"));
+                }
+                return Ok(value);
+            }
+            Err(DatastoreError::Conflict { pool }) => {
+                conflicts += 1;
+                crate::logging::debug(format!("{what}: pool {pool} changed concurrently; planning again"));
+                if !backoff.pause(deadline) {
+                    return Err(DatastoreError::Timeout { what: format!("{what} ({conflicts} conflicting updates)") }.into());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// What a failed plan tells the runtime. Exhaustion keeps whereabouts' message.
+fn plan_failure(outcome: PlanOutcome) -> CniError {
+    match outcome {
+        PlanOutcome::Exhausted { message } | PlanOutcome::Rejected { message } => CniError::new(code::INTERNAL, message),
+        PlanOutcome::Reuse { .. } | PlanOutcome::Fresh { .. } => CniError::new(code::INTERNAL, "engine reported a successful outcome as a failure"),
+    }
+}
+
+/// ADD: one address from every range, all recorded in one commit, or none.
+/// Returns the assignments in range order.
+pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<Vec<Assignment>, CniError> {
+    let request = Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None };
+    let pools = distinct_pools(config);
+    until_committed(store, deadline, "ADD", || {
+        let loaded = load_all(store, &pools)?;
+        let mut snapshots = Vec::with_capacity(config.ranges.len());
+        for range in &config.ranges {
+            let entries = loaded.get(&range.pool_name).map(|p| p.entries.as_slice()).unwrap_or_default();
+            // The pod's own entries, by pod-ref (or container ID outside Kubernetes):
+            // the engine decides whether one is this attachment's address to keep.
+            let held = entries
+                .iter()
+                .filter(|e| if request.pod_ref.is_empty() { e.container_id == request.container_id } else { e.pod_ref == request.pod_ref })
+                .cloned()
+                .collect();
+            snapshots.push(PoolSnapshot { taken: entries.iter().map(|e| e.offset).collect(), reserved: Vec::new(), held });
+        }
+        let outcomes = engine.plan_all(config, &snapshots, &request).map_err(engine_failure)?.map_err(plan_failure)?;
+        let mut changes = Changes::new();
+        let mut assignments = Vec::with_capacity(outcomes.len());
+        for ((range, snapshot), outcome) in config.ranges.iter().zip(&snapshots).zip(outcomes) {
+            match outcome {
+                PlanOutcome::Fresh { assignment } => {
+                    changes.push(
+                        pool_of(range),
+                        Change::Insert(Allocation { offset: assignment.offset, container_id: request.container_id.clone(), pod_ref: request.pod_ref.clone(), ifname: request.ifname.clone() }),
+                    );
+                    assignments.push(assignment);
+                }
+                PlanOutcome::Reuse { assignment, held_index } => {
+                    let held = snapshot.held.get(held_index as usize).ok_or_else(|| CniError::new(code::INTERNAL, "engine reused an entry it was not given"))?;
+                    if held.container_id != request.container_id {
+                        changes.push(pool_of(range), Change::SetContainerId { offset: held.offset, container_id: request.container_id.clone() });
+                    }
+                    assignments.push(assignment);
+                }
+                failed => return Err(plan_failure(failed)),
+            }
+        }
+        let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
+        Ok((assignments, updates))
+    })
+}
+
+/// DEL: forgets the attachment's entries in every pool of the config. Nothing to
+/// forget is success. Returns how many entries were removed.
+pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<usize, CniError> {
+    let pools = distinct_pools(config);
+    until_committed(store, deadline, "DEL", || {
+        let loaded = load_all(store, &pools)?;
+        let mut changes = Changes::new();
+        let mut removed = 0;
+        for pool in &pools {
+            let entries = loaded.get(&pool.name).map(|p| p.entries.as_slice()).unwrap_or_default();
+            for index in engine.release(entries, who.container_id, who.ifname).map_err(engine_failure)? {
+                if let Some(entry) = entries.get(index as usize) {
+                    changes.push(pool.clone(), Change::Remove { offset: entry.offset });
+                    removed += 1;
+                }
+            }
+        }
+        let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
+        Ok((removed, updates))
+    })
+}
+
+/// CHECK: the attachment's entry in each range, `None` where it has none.
+pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<Vec<Option<Allocation>>, CniError> {
+    let loaded = load_all(store, &distinct_pools(config))?;
+    let mut found = Vec::with_capacity(config.ranges.len());
+    for range in &config.ranges {
+        let entries = loaded.get(&range.pool_name).map(|p| p.entries.as_slice()).unwrap_or_default();
+        // Entries inside this range only: two ranges may share a pool with
+        // different range_start/range_end.
+        let matching = engine.release(entries, who.container_id, who.ifname).map_err(engine_failure)?;
+        found.push(
+            matching
+                .iter()
+                .filter_map(|&i| entries.get(i as usize))
+                .find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset)
+                .cloned(),
+        );
+    }
+    Ok(found)
+}
+
+/// GC: removes every entry of the config's pools whose (container ID, ifname) is
+/// not a valid attachment. Returns the removed entries with their pools.
+pub fn collect_garbage(store: &dyn Datastore, config: &NormalizedConfig, valid: &HashSet<(String, String)>, deadline: Instant) -> Result<Vec<(PoolId, Allocation)>, CniError> {
+    let pools = distinct_pools(config);
+    until_committed(store, deadline, "GC", || {
+        let loaded = load_all(store, &pools)?;
+        let mut changes = Changes::new();
+        let mut removed = Vec::new();
+        for pool in &pools {
+            for entry in loaded.get(&pool.name).map(|p| p.entries.as_slice()).unwrap_or_default() {
+                if !valid.contains(&(entry.container_id.clone(), entry.ifname.clone())) {
+                    changes.push(pool.clone(), Change::Remove { offset: entry.offset });
+                    removed.push((pool.clone(), entry.clone()));
+                }
+            }
+        }
+        let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
+        Ok((removed, updates))
+    })
+}
+
+/// Usage of one range, for STATUS and the `pools` command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeUsage {
+    pub cidr: String,
+    pub pool_name: String,
+    pub first: String,
+    pub last: String,
+    pub usable: u128,
+    /// Entries on addresses this range hands out.
+    pub allocated: u128,
+    /// `usable - allocated`.
+    pub free: u128,
+    /// Every entry of the pool (other ranges on the same pool, stale data included).
+    pub pool_entries: usize,
+}
+
+/// Whether this range would hand out `offset` (inside [first, last], not excluded).
+fn allocatable(range: &NormalizedRange, offset: u128) -> bool {
+    offset >= range.first_offset && offset <= range.last_offset && !range.excluded.iter().any(|&(lo, hi)| offset >= lo && offset <= hi)
+}
+
+pub fn usage(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<RangeUsage>, CniError> {
+    let loaded = load_all(store, &distinct_pools(config))?;
+    Ok(config
+        .ranges
+        .iter()
+        .map(|range| {
+            let entries = loaded.get(&range.pool_name).map(|p| p.entries.as_slice()).unwrap_or_default();
+            let allocated = entries.iter().filter(|e| allocatable(range, e.offset)).count() as u128;
+            RangeUsage {
+                cidr: range.cidr.clone(),
+                pool_name: range.pool_name.clone(),
+                first: range.first.clone(),
+                last: range.last.clone(),
+                usable: range.usable,
+                allocated,
+                free: range.usable.saturating_sub(allocated),
+                pool_entries: entries.len(),
+            }
+        })
+        .collect())
+}
+
+/// Snapshots of the current pools in range order, for the engine's preview.
+pub fn snapshots(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<PoolSnapshot>, CniError> {
+    let loaded = load_all(store, &distinct_pools(config))?;
+    Ok(config
+        .ranges
+        .iter()
+        .map(|range| PoolSnapshot {
+            taken: loaded.get(&range.pool_name).map(|p| p.entries.iter().map(|e| e.offset).collect()).unwrap_or_default(),
+            ..PoolSnapshot::default()
+        })
+        .collect())
+}
+
+/// `ip/prefix` of an entry of `range`'s pool.
+pub fn address_of(range: &NormalizedRange, offset: u128) -> Option<String> {
+    thereabouts_allocator::planner::address_at(range, offset).map(|ip| format!("{ip}/{}", range.prefix_len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datastore::Version;
+
+    fn pool(name: &str) -> PoolId {
+        PoolId { name: name.into(), cidr: format!("{name}/24") }
+    }
+
+    #[test]
+    fn changes_group_by_pool_in_first_use_order_with_read_versions() {
+        let mut changes = Changes::new();
+        changes.push(pool("b"), Change::Remove { offset: 1 });
+        changes.push(pool("a"), Change::Remove { offset: 2 });
+        changes.push(pool("b"), Change::Remove { offset: 3 });
+        let mut read = BTreeMap::new();
+        read.insert("b".to_string(), Pool { version: Version("7".into()), entries: Vec::new() });
+        let updates = changes.into_updates(&read);
+        assert_eq!(updates.len(), 2);
+        assert_eq!((updates[0].pool.name.as_str(), updates[0].expected.clone(), updates[0].changes.len()), ("b", Version("7".into()), 2));
+        assert_eq!((updates[1].pool.name.as_str(), updates[1].expected.clone()), ("a", Version::absent()));
+    }
+
+    #[test]
+    fn usage_counts_only_addresses_the_range_hands_out() {
+        let config = thereabouts_allocator::normalize(
+            r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","range":"192.0.2.0/24","range_start":"192.0.2.10","exclude":["192.0.2.20/30"]}}"#,
+            None,
+            "",
+        )
+        .unwrap();
+        let range = &config.ranges[0];
+        assert!(!allocatable(range, 9) && allocatable(range, 10) && !allocatable(range, 21) && allocatable(range, 24) && !allocatable(range, 255));
+    }
+}

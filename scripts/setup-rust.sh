@@ -1,0 +1,5 @@
+# Sourced by the test and quick-start scripts: makes sure the Rust toolchain can
+# build the engine component (wasm32-unknown-unknown) on a fresh machine.
+if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
+  rustup target add wasm32-unknown-unknown
+fi
