@@ -21,7 +21,7 @@ fn main() -> Result<()> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let workspace = manifest_dir.parent().context("host/ has a parent")?.to_path_buf();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    for watched in ["allocator-wasm/src", "allocator-wasm/Cargo.toml", "allocator-wasm/component", "wit", "host/src/engine_config.rs"] {
+    for watched in ["Cargo.toml", "allocator-wasm/src", "allocator-wasm/Cargo.toml", "allocator-wasm/component", "wit", "host/src/engine_config.rs"] {
         println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
     }
 

@@ -79,11 +79,37 @@ pub struct Allocation {
 }
 
 /// A pool's state as the planner needs it (see `pool-snapshot` in the WIT).
+/// Offsets are split at 2^64 the way they cross the component boundary, so the
+/// common case (every offset below 2^64) is one bulk copy with no conversion.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PoolSnapshot {
-    pub taken: Vec<u128>,
+    pub taken: Vec<u64>,
+    pub taken_wide: Vec<u128>,
     pub reserved: Vec<u128>,
     pub held: Vec<Allocation>,
+}
+
+impl PoolSnapshot {
+    /// A snapshot whose taken offsets are `offsets` (any order, any width).
+    pub fn with_taken(offsets: impl IntoIterator<Item = u128>) -> Self {
+        let mut pool = PoolSnapshot::default();
+        for offset in offsets {
+            match u64::try_from(offset) {
+                Ok(narrow) => pool.taken.push(narrow),
+                Err(_) => pool.taken_wide.push(offset),
+            }
+        }
+        pool
+    }
+
+    /// Every offset that counts as taken: the pool's entries and the reservations.
+    pub fn occupied(&self) -> impl Iterator<Item = u128> + '_ {
+        self.taken.iter().map(|&o| u128::from(o)).chain(self.taken_wide.iter().copied()).chain(self.reserved.iter().copied())
+    }
+
+    pub fn occupied_count(&self) -> usize {
+        self.taken.len() + self.taken_wide.len() + self.reserved.len()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -68,9 +68,12 @@ impl RankBitmap {
     }
     fn mark(&mut self, rank: u128) {
         if rank < self.len as u128 {
-            let r = rank as usize;
-            self.words[r / 64] |= 1 << (r % 64);
+            self.set(rank as usize);
         }
+    }
+    /// `rank` must be below `len`.
+    fn set(&mut self, rank: usize) {
+        self.words[rank / 64] |= 1 << (rank % 64);
     }
     /// The lowest unmarked rank at or after `from`, if below `len`.
     fn next_free(&self, from: usize) -> Option<usize> {
@@ -97,13 +100,32 @@ struct FreeRanks {
 
 impl FreeRanks {
     /// `want` is how many successive free addresses the caller may ask for.
-    fn new(range: &NormalizedRange, taken: impl Iterator<Item = u128>, taken_count: usize, want: usize) -> Self {
+    fn new(range: &NormalizedRange, pool: &PoolSnapshot, want: usize) -> Self {
         let candidates = Candidates::of(range);
-        let window = (taken_count as u128 + want as u128).min(candidates.total) as usize;
+        let window = (pool.occupied_count() as u128 + want as u128).min(candidates.total) as usize;
         let mut bitmap = RankBitmap::new(window);
-        for offset in taken {
-            if let Some(rank) = candidates.rank(offset) {
-                bitmap.mark(rank);
+        let window_end = range.first_offset + window as u128; // exclusive; cannot overflow (window <= total)
+        if range.excluded.is_empty() && window_end <= u128::from(u64::MAX) {
+            // The hot path (100 000-entry pools): without excludes the rank is the
+            // distance from `first`, and every offset of the window fits in 64 bits,
+            // so the wide entries cannot fall inside it.
+            let first = range.first_offset as u64;
+            for &offset in &pool.taken {
+                let rank = offset.wrapping_sub(first);
+                if rank < window as u64 {
+                    bitmap.set(rank as usize);
+                }
+            }
+            for &offset in &pool.reserved {
+                if let Some(rank) = candidates.rank(offset) {
+                    bitmap.mark(rank);
+                }
+            }
+        } else {
+            for offset in pool.occupied() {
+                if let Some(rank) = candidates.rank(offset) {
+                    bitmap.mark(rank);
+                }
             }
         }
         FreeRanks { candidates, bitmap, cursor: 0 }
@@ -145,12 +167,10 @@ pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> Plan
     if let Some((index, entry)) = pool.held.iter().enumerate().find(|(_, e)| is_same_attachment(e, req)) {
         return PlanOutcome::Reuse { assignment: assignment(range, entry.offset), held_index: index as u32 };
     }
-    let taken = pool.taken.iter().chain(&pool.reserved).copied();
-    let taken_count = pool.taken.len() + pool.reserved.len();
     if let Some(text) = &req.requested_ip {
-        return plan_requested(range, taken, text);
+        return plan_requested(range, pool.occupied(), text);
     }
-    match FreeRanks::new(range, taken, taken_count, 1).next_offset() {
+    match FreeRanks::new(range, pool, 1).next_offset() {
         Some(offset) => PlanOutcome::Fresh { assignment: assignment(range, offset) },
         None => PlanOutcome::Exhausted { message: exhausted_message(range) },
     }
@@ -229,8 +249,7 @@ pub fn preview(config: &NormalizedConfig, pools: &[PoolSnapshot], pods: u32) -> 
         // Earlier ranges' choices for *any* previewed pod are taken here too.
         let earlier: Vec<(Family, u128)> = chosen_per_pod.iter().flatten().copied().collect();
         let pool = reserve_earlier_choices(range, &earlier, pool);
-        let taken_count = pool.taken.len() + pool.reserved.len();
-        let mut free = FreeRanks::new(range, pool.taken.iter().chain(&pool.reserved).copied(), taken_count, pods);
+        let mut free = FreeRanks::new(range, &pool, pods);
         let mut column = Vec::with_capacity(pods);
         for chosen in chosen_per_pod.iter_mut() {
             match free.next_offset() {

@@ -17,7 +17,7 @@ fn req(pod: &str, ifname: &str) -> Request {
 }
 
 fn taken(offsets: &[u128]) -> PoolSnapshot {
-    PoolSnapshot { taken: offsets.to_vec(), ..Default::default() }
+    PoolSnapshot::with_taken(offsets.iter().copied())
 }
 
 fn fresh_ip(outcome: PlanOutcome) -> String {
@@ -68,7 +68,7 @@ fn exhaustion_uses_the_whereabouts_message() {
 #[test]
 fn reserved_offsets_count_as_taken() {
     let r = range("192.0.2.0/24");
-    let pool = PoolSnapshot { taken: vec![1], reserved: vec![2], held: vec![] };
+    let pool = PoolSnapshot { reserved: vec![2], ..taken(&[1]) };
     assert_eq!(fresh_ip(plan(&r, &pool, &req("a", "eth0"))), "192.0.2.3/24");
 }
 
@@ -79,7 +79,7 @@ fn same_pod_and_interface_reuses_its_address() {
         Allocation { offset: 7, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "net1".into() },
         Allocation { offset: 9, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "net2".into() },
     ];
-    let pool = PoolSnapshot { taken: vec![7, 9], reserved: vec![], held };
+    let pool = PoolSnapshot { held, ..taken(&[7, 9]) };
     match plan(&r, &pool, &req("a", "net2")) {
         PlanOutcome::Reuse { assignment, held_index } => assert_eq!((assignment.address.as_str(), held_index), ("192.0.2.9/24", 1)),
         other => panic!("{other:?}"),
@@ -92,7 +92,7 @@ fn same_pod_and_interface_reuses_its_address() {
 fn without_pod_ref_container_id_and_ifname_identify_the_attachment() {
     let r = range("192.0.2.0/24");
     let held = vec![Allocation { offset: 4, container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into() }];
-    let pool = PoolSnapshot { taken: vec![4], reserved: vec![], held };
+    let pool = PoolSnapshot { held, ..taken(&[4]) };
     let request = Request { container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into(), requested_ip: None };
     assert!(matches!(plan(&r, &pool, &request), PlanOutcome::Reuse { .. }));
 }

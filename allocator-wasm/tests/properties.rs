@@ -59,7 +59,7 @@ proptest! {
         let excluded = |o: u128| r.excluded.iter().any(|&(lo, hi)| o >= lo && o <= hi);
         let taken_set: BTreeSet<u128> = taken.iter().copied().collect();
         let expected = (r.first_offset..=r.last_offset).find(|o| !excluded(*o) && !taken_set.contains(o));
-        let pool = PoolSnapshot { taken: taken.clone(), ..Default::default() };
+        let pool = PoolSnapshot::with_taken(taken.iter().copied());
         match (plan(r, &pool, &req(0)), expected) {
             (PlanOutcome::Fresh { assignment }, Some(want)) => {
                 prop_assert_eq!(assignment.offset, want);
@@ -80,7 +80,7 @@ proptest! {
         let add = |entries: &mut Vec<Allocation>, i: usize| -> Option<u128> {
             let request = req(i);
             let held: Vec<Allocation> = entries.iter().filter(|e| e.pod_ref == request.pod_ref).cloned().collect();
-            let pool = PoolSnapshot { taken: entries.iter().map(|e| e.offset).collect(), reserved: vec![], held };
+            let pool = PoolSnapshot { held, ..PoolSnapshot::with_taken(entries.iter().map(|e| e.offset)) };
             match plan(r, &pool, &request) {
                 PlanOutcome::Fresh { assignment } => {
                     entries.push(Allocation { offset: assignment.offset, container_id: request.container_id, pod_ref: request.pod_ref, ifname: request.ifname });

@@ -37,7 +37,7 @@ fn busy_pool() -> native::PoolSnapshot {
         taken.swap(i, j);
     }
     assert_eq!(taken.len() as u128, LIVE);
-    native::PoolSnapshot { taken, reserved: vec![], held: vec![] }
+    native::PoolSnapshot::with_taken(taken)
 }
 
 fn request() -> native::Request {

@@ -224,7 +224,8 @@ fn allocation_to_wit(a: &model::Allocation) -> wit::Allocation {
 
 fn pool_to_wit(p: &model::PoolSnapshot) -> wit::PoolSnapshot {
     wit::PoolSnapshot {
-        taken: p.taken.iter().map(|&o| to_offset(o)).collect(),
+        taken: p.taken.clone(),
+        taken_wide: p.taken_wide.iter().map(|&o| to_offset(o)).collect(),
         reserved: p.reserved.iter().map(|&o| to_offset(o)).collect(),
         held: p.held.iter().map(allocation_to_wit).collect(),
     }

@@ -125,7 +125,7 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
                 .filter(|e| if request.pod_ref.is_empty() { e.container_id == request.container_id } else { e.pod_ref == request.pod_ref })
                 .cloned()
                 .collect();
-            snapshots.push(PoolSnapshot { taken: entries.iter().map(|e| e.offset).collect(), reserved: Vec::new(), held });
+            snapshots.push(PoolSnapshot { held, ..PoolSnapshot::with_taken(entries.iter().map(|e| e.offset)) });
         }
         let outcomes = engine.plan_all(config, &snapshots, &request).map_err(engine_failure)?.map_err(plan_failure)?;
         let mut changes = Changes::new();
@@ -266,9 +266,8 @@ pub fn snapshots(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec
     Ok(config
         .ranges
         .iter()
-        .map(|range| PoolSnapshot {
-            taken: loaded.get(&range.pool_name).map(|p| p.entries.iter().map(|e| e.offset).collect()).unwrap_or_default(),
-            ..PoolSnapshot::default()
+        .map(|range| {
+            PoolSnapshot::with_taken(loaded.get(&range.pool_name).into_iter().flat_map(|p| p.entries.iter().map(|e| e.offset)))
         })
         .collect())
 }

@@ -71,7 +71,9 @@ fn component_answers_exactly_like_the_native_engine() {
         let via_native = native::normalize(text, None, args);
         assert_eq!(via_component, via_native, "normalize differs for {text}");
         let Ok(config) = via_native else { continue };
-        let pools = vec![native::PoolSnapshot { taken: vec![8, 9, 11], ..Default::default() }; config.ranges.len()];
+        let mut pool = native::PoolSnapshot::with_taken([8, 9, 11, (1u128 << 80) + 1]);
+        pool.reserved = vec![12];
+        let pools = vec![pool; config.ranges.len()];
         let request = native::Request { container_id: "c1".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), requested_ip: None };
         assert_eq!(engine.plan_all(&config, &pools, &request).unwrap(), native::plan_all(&config, &pools, &request));
         assert_eq!(engine.preview(&config, &pools, 50).unwrap(), native::preview(&config, &pools, 50));

@@ -145,7 +145,8 @@ fn allocation_from_wit(a: wit::Allocation) -> model::Allocation {
 
 fn pool_from_wit(p: wit::PoolSnapshot) -> model::PoolSnapshot {
     model::PoolSnapshot {
-        taken: p.taken.into_iter().map(from_offset).collect(),
+        taken: p.taken,
+        taken_wide: p.taken_wide.into_iter().map(from_offset).collect(),
         reserved: p.reserved.into_iter().map(from_offset).collect(),
         held: p.held.into_iter().map(allocation_from_wit).collect(),
     }
