@@ -239,30 +239,71 @@ pub fn plan_all(config: &NormalizedConfig, pools: &[PoolSnapshot], req: &Request
 }
 
 /// What `pods` successive new pods would get. See `preview` in the WIT.
+///
+/// Exactly what `pods` successive ADDs would do: each pod is planned like
+/// `plan_all` and committed before the next, so ranges that share a pool or
+/// overlap never hand out one address twice, in the same order ADDs would.
+/// Without releases a range that runs out stays out, so the first pod whose ADD
+/// fails is followed only by failing pods.
 pub fn preview(config: &NormalizedConfig, pools: &[PoolSnapshot], pods: u32) -> Vec<Vec<PlanOutcome>> {
     let empty = PoolSnapshot::default();
     let pods = pods as usize;
-    let mut columns: Vec<Vec<PlanOutcome>> = Vec::with_capacity(config.ranges.len());
-    let mut chosen_per_pod: Vec<Vec<(Family, u128)>> = vec![Vec::new(); pods];
-    for (i, range) in config.ranges.iter().enumerate() {
-        let pool = pools.get(i).unwrap_or(&empty);
-        // Earlier ranges' choices for *any* previewed pod are taken here too.
-        let earlier: Vec<(Family, u128)> = chosen_per_pod.iter().flatten().copied().collect();
-        let pool = reserve_earlier_choices(range, &earlier, pool);
-        let mut free = FreeRanks::new(range, &pool, pods);
-        let mut column = Vec::with_capacity(pods);
-        for chosen in chosen_per_pod.iter_mut() {
-            match free.next_offset() {
-                Some(offset) => {
-                    chosen.push((range.family, range.network + offset));
-                    column.push(PlanOutcome::Fresh { assignment: assignment(range, offset) });
+    let ranges = &config.ranges;
+    // Each range walks its own free addresses lowest first; an address another
+    // range handed out in the meantime is skipped, as its reservation would be.
+    let want = pods.saturating_mul(ranges.len().max(1));
+    let mut free: Vec<FreeRanks> = ranges.iter().enumerate().map(|(i, r)| FreeRanks::new(r, pools.get(i).unwrap_or(&empty), want)).collect();
+    let overlapping = ranges_overlap(ranges);
+    let mut handed_out: std::collections::HashSet<(Family, u128)> = std::collections::HashSet::new();
+    let mut out: Vec<Vec<PlanOutcome>> = Vec::with_capacity(pods);
+    while out.len() < pods {
+        let mut offsets = Vec::with_capacity(ranges.len());
+        let mut failed_at = None;
+        for (i, range) in ranges.iter().enumerate() {
+            let next = loop {
+                match free[i].next_offset() {
+                    Some(o) if overlapping && handed_out.contains(&(range.family, range.network + o)) => continue,
+                    other => break other,
                 }
-                None => column.push(PlanOutcome::Exhausted { message: exhausted_message(range) }),
+            };
+            match next {
+                Some(offset) => {
+                    if overlapping {
+                        handed_out.insert((range.family, range.network + offset));
+                    }
+                    offsets.push(offset);
+                }
+                None => {
+                    failed_at = Some(i);
+                    break;
+                }
             }
         }
-        columns.push(column);
+        if let Some(k) = failed_at {
+            let failed = ranges
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    if i == k {
+                        PlanOutcome::Exhausted { message: exhausted_message(r) }
+                    } else {
+                        PlanOutcome::Rejected { message: format!("not allocated: the ADD fails because range {} has no free address", ranges[k].cidr) }
+                    }
+                })
+                .collect::<Vec<_>>();
+            out.resize(pods, failed);
+            break;
+        }
+        out.push(ranges.iter().zip(offsets).map(|(r, o)| PlanOutcome::Fresh { assignment: assignment(r, o) }).collect());
     }
-    (0..pods).map(|p| columns.iter().map(|c| c[p].clone()).collect()).collect()
+    out
+}
+
+/// Whether any two ranges' networks share an address (same pool listed twice,
+/// or one range inside another).
+fn ranges_overlap(ranges: &[NormalizedRange]) -> bool {
+    let end = |r: &NormalizedRange| r.network | crate::ip::host_mask(r.family, r.prefix_len);
+    ranges.iter().enumerate().any(|(i, a)| ranges[i + 1..].iter().any(|b| a.family == b.family && a.network <= end(b) && b.network <= end(a)))
 }
 
 /// Indices of the entries a DEL of (container ID, ifname) removes.

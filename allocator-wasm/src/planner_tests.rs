@@ -172,10 +172,22 @@ fn preview_lists_successive_pods_and_marks_exhaustion() {
     let pods = preview(&c, &[], 3);
     let show = |o: &PlanOutcome| o.assignment().map(|a| a.address.clone()).unwrap_or_else(|| "exhausted".into());
     let table: Vec<Vec<String>> = pods.iter().map(|p| p.iter().map(show).collect()).collect();
-    assert_eq!(table, [["192.0.2.1/30", "2001:db8::1/64"], ["192.0.2.2/30", "2001:db8::2/64"], ["exhausted".into(), "2001:db8::3/64".into()]]);
+    assert_eq!(table, [["192.0.2.1/30", "2001:db8::1/64"], ["192.0.2.2/30", "2001:db8::2/64"], ["exhausted", "exhausted"]]);
+    assert!(matches!(pods[2][0], PlanOutcome::Exhausted { .. }), "the range that ran out");
+    assert!(matches!(pods[2][1], PlanOutcome::Rejected { .. }), "the ADD fails as a whole: nothing from the other range");
     // From a given pool state: holes first.
     let pods = preview(&c, &[taken(&[2]), taken(&[1, 3])], 2);
     assert_eq!(show(&pods[0][0]), "192.0.2.1/30");
     assert_eq!(show(&pods[0][1]), "2001:db8::2/64");
-    assert_eq!(show(&pods[1][1]), "2001:db8::4/64");
+    assert!(matches!(pods[1][0], PlanOutcome::Exhausted { .. }), "192.0.2.0/30 is full after pod 1");
+    assert!(matches!(pods[1][1], PlanOutcome::Rejected { .. }));
+}
+
+#[test]
+fn preview_of_a_shared_pool_matches_successive_adds() {
+    // Found by the playground: two entries of one range must interleave like ADDs.
+    let c = config(&["192.0.2.0/24", "192.0.2.0/24"]);
+    let pods = preview(&c, &[], 3);
+    let ips: Vec<Vec<String>> = pods.iter().map(|p| p.iter().map(|o| o.assignment().unwrap().ip.clone()).collect()).collect();
+    assert_eq!(ips, [["192.0.2.1", "192.0.2.2"], ["192.0.2.3", "192.0.2.4"], ["192.0.2.5", "192.0.2.6"]]);
 }

@@ -165,3 +165,58 @@ fn mutated_config() -> impl Strategy<Value = String> {
         String::from_utf8_lossy(&bytes).into_owned()
     })
 }
+
+/// Successive ADDs as the host performs them: plan_all over the current pools,
+/// then commit; overlapping ranges see each other's addresses as reservations
+/// (what `enable_overlapping_ranges` does through reservation objects).
+fn successive_adds(config: &NormalizedConfig, pods: usize) -> Vec<Option<Vec<String>>> {
+    use std::collections::HashMap;
+    let mut pools: HashMap<String, Vec<u128>> = HashMap::new();
+    let mut handed_out: Vec<(u8, u128)> = Vec::new();
+    let mut out = Vec::new();
+    for i in 0..pods {
+        let snapshots: Vec<PoolSnapshot> = config
+            .ranges
+            .iter()
+            .map(|r| {
+                let end = r.network | thereabouts_allocator::ip::host_mask(r.family, r.prefix_len);
+                let mut pool = PoolSnapshot::with_taken(pools.get(&r.pool_name).cloned().unwrap_or_default());
+                pool.reserved = handed_out.iter().filter(|(f, a)| *f == r.family.number() && *a >= r.network && *a <= end).map(|(_, a)| a - r.network).collect();
+                pool
+            })
+            .collect();
+        match plan_all(config, &snapshots, &req(i)) {
+            Ok(outcomes) => {
+                for (r, o) in config.ranges.iter().zip(&outcomes) {
+                    let a = o.assignment().unwrap();
+                    pools.entry(r.pool_name.clone()).or_default().push(a.offset);
+                    handed_out.push((r.family.number(), r.network + a.offset));
+                }
+                out.push(Some(outcomes.iter().map(|o| o.assignment().unwrap().ip.clone()).collect()));
+            }
+            Err(_) => out.push(None),
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn preview_equals_successive_adds(a in range_config(), b in range_config(), shape in 0u8..4, pods in 1usize..60) {
+        let entries = match shape {
+            0 => vec![a.clone()],
+            1 => vec![a.clone(), b.clone()],
+            2 => vec![a.clone(), a.clone()],
+            _ => vec![a.clone(), b.clone(), a.clone()],
+        };
+        let text = json!({"cniVersion": "1.0.0", "name": "p", "ipam": {"type": "thereabouts", "ipRanges": entries}}).to_string();
+        let Ok(config) = normalize(&text, None, "") else { return Ok(()) };
+        let previewed: Vec<Option<Vec<String>>> = thereabouts_allocator::preview(&config, &[], pods as u32)
+            .into_iter()
+            .map(|pod| pod.iter().map(|o| o.assignment().map(|a| a.ip.clone())).collect::<Option<Vec<_>>>())
+            .collect();
+        prop_assert_eq!(previewed, successive_adds(&config, pods));
+    }
+}

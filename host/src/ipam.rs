@@ -70,6 +70,7 @@ impl Changes {
 /// `attempt` returns `None` when there is nothing to commit.
 fn until_committed<T>(
     store: &dyn Datastore,
+    pools: &[PoolId],
     deadline: Instant,
     what: &str,
     mut attempt: impl FnMut() -> Result<(T, Vec<PoolUpdate>), CniError>,
@@ -77,6 +78,10 @@ fn until_committed<T>(
     let mut backoff = Backoff::new();
     let mut conflicts = 0u32;
     loop {
+        // Taken anew for every attempt: a pool that did not exist at the first
+        // attempt (and so could not be locked) does after a conflict, and an attempt
+        // that keeps planning without the lock would lose to lock holders forever.
+        let queued = store.lock_for_update(pools, deadline)?;
         let (value, updates) = attempt()?;
         if updates.is_empty() {
             return Ok(value);
@@ -89,6 +94,7 @@ fn until_committed<T>(
                 return Ok(value);
             }
             Err(DatastoreError::Conflict { pool }) => {
+                drop(queued); // never sleep holding other writers up
                 conflicts += 1;
                 crate::logging::debug(format!("{what}: pool {pool} changed concurrently; planning again"));
                 if !backoff.pause(deadline) {
@@ -113,7 +119,7 @@ fn plan_failure(outcome: PlanOutcome) -> CniError {
 pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<Vec<Assignment>, CniError> {
     let request = Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None };
     let pools = distinct_pools(config);
-    until_committed(store, deadline, "ADD", || {
+    until_committed(store, &pools, deadline, "ADD", || {
         let loaded = load_all(store, &pools)?;
         let mut snapshots = Vec::with_capacity(config.ranges.len());
         for range in &config.ranges {
@@ -158,7 +164,7 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
 /// forget is success. Returns how many entries were removed.
 pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<usize, CniError> {
     let pools = distinct_pools(config);
-    until_committed(store, deadline, "DEL", || {
+    until_committed(store, &pools, deadline, "DEL", || {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();
         let mut removed = 0;
@@ -200,7 +206,7 @@ pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normal
 /// not a valid attachment. Returns the removed entries with their pools.
 pub fn collect_garbage(store: &dyn Datastore, config: &NormalizedConfig, valid: &HashSet<(String, String)>, deadline: Instant) -> Result<Vec<(PoolId, Allocation)>, CniError> {
     let pools = distinct_pools(config);
-    until_committed(store, deadline, "GC", || {
+    until_committed(store, &pools, deadline, "GC", || {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();
         let mut removed = Vec::new();

@@ -21,27 +21,30 @@
 //! releases the entries in every pool) or retries the ADD (which finds and reuses
 //! the partial entries, keyed by pod and interface); GC removes them otherwise.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{Map, Value};
 use thereabouts_allocator::model::Allocation;
 
-use super::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, Version};
+use super::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 
 pub struct FileStore {
     dir: PathBuf,
+    /// Pools whose lock this process holds through `lock_for_update`; `commit`
+    /// must not take them again (a second `flock` on a new descriptor of the same
+    /// file would wait for ourselves).
+    held: Arc<Mutex<BTreeSet<String>>>,
 }
-
-/// How often a blocked writer tries the lock again.
-const LOCK_POLL: Duration = Duration::from_millis(2);
 
 impl FileStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self { dir: dir.into(), held: Arc::default() }
     }
 
     pub fn dir(&self) -> &Path {
@@ -79,17 +82,30 @@ impl FileStore {
         })
     }
 
-    /// Takes the pool's lock, polling until `deadline`.
+    /// Takes the pool's lock, waiting until `deadline` at the latest.
     fn lock(&self, name: &str, deadline: Instant) -> Result<File, DatastoreError> {
         let path = self.lock_path(name);
         let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| DatastoreError::io(&path, e))?;
-        loop {
-            match file.try_lock() {
-                Ok(()) => return Ok(file),
-                Err(TryLockError::WouldBlock) if Instant::now() < deadline => std::thread::sleep(LOCK_POLL),
-                Err(TryLockError::WouldBlock) => return Err(DatastoreError::Timeout { what: format!("locking pool {name} ({})", path.display()) }),
-                Err(TryLockError::Error(e)) => return Err(DatastoreError::io(&path, e)),
-            }
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(e)) => return Err(DatastoreError::io(&path, e)),
+        }
+        // Wait in the kernel's queue (a blocking flock) rather than polling: a
+        // poller loses every race to luckier processes and can starve for seconds
+        // under a burst. The wait happens on a helper thread so the deadline holds;
+        // a thread still waiting at the deadline dies with the process.
+        let waiter = file.try_clone().map_err(|e| DatastoreError::io(&path, e))?;
+        let (done, outcome) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(waiter.lock());
+        });
+        let timeout = || DatastoreError::Timeout { what: format!("locking pool {name} ({})", path.display()) };
+        match outcome.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            // The lock belongs to the open file description, shared with `file`.
+            Ok(Ok(())) => Ok(file),
+            Ok(Err(e)) => Err(DatastoreError::io(&path, e)),
+            Err(_) => Err(timeout()),
         }
     }
 
@@ -108,7 +124,8 @@ impl FileStore {
         let write = || -> std::io::Result<()> {
             let mut file = OpenOptions::new().create(true).truncate(true).write(true).open(&temp)?;
             file.write_all(&encode(pool, version, entries))?;
-            file.sync_all()
+            // Data only: the rename and the directory sync below make the name durable.
+            file.sync_data()
         };
         write().map_err(|e| DatastoreError::io(&temp, e))?;
         Ok(temp)
@@ -142,7 +159,12 @@ impl Datastore for FileStore {
             return Err(DatastoreError::Inconsistent { pool: order[0].pool.name.clone(), detail: "one commit updates the same pool twice".into() });
         }
         // Held until the end of the function: every rename happens under every lock.
-        let _locks = order.iter().map(|u| self.lock(&u.pool.name, deadline)).collect::<Result<Vec<_>, _>>()?;
+        let already_held = self.held.lock().map(|h| h.clone()).unwrap_or_default();
+        let _locks = order
+            .iter()
+            .filter(|u| !already_held.contains(&u.pool.name))
+            .map(|u| self.lock(&u.pool.name, deadline))
+            .collect::<Result<Vec<_>, _>>()?;
 
         let mut staged = Vec::with_capacity(order.len());
         for update in &order {
@@ -160,6 +182,24 @@ impl Datastore for FileStore {
         self.sync_dir()
     }
 
+    /// Locks the pools that already exist, in name order. A pool not created yet
+    /// is not locked (so a DEL or GC of nothing writes nothing); its first writers
+    /// meet in `commit`'s version check instead.
+    fn lock_for_update(&self, pools: &[PoolId], deadline: Instant) -> Result<UpdateLock, DatastoreError> {
+        if !self.dir_exists()? {
+            return Ok(UpdateLock::none());
+        }
+        let mut names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).filter(|n| self.pool_path(n).exists()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let files = names.iter().map(|n| self.lock(n, deadline)).collect::<Result<Vec<_>, _>>()?;
+        let guard = HeldPools { names: names.iter().map(|n| n.to_string()).collect(), held: Arc::clone(&self.held), _files: files };
+        if let Ok(mut held) = self.held.lock() {
+            held.extend(guard.names.iter().cloned());
+        }
+        Ok(UpdateLock::holding(guard))
+    }
+
     fn check_usable(&self) -> Result<(), DatastoreError> {
         self.ensure_dir()?;
         // Writing is what ADD needs; a probe file proves it (read-only mounts, full disks).
@@ -167,6 +207,23 @@ impl Datastore for FileStore {
         let result = OpenOptions::new().create(true).truncate(true).write(true).open(&probe).and_then(|mut f| f.write_all(b"ok"));
         let _ = fs::remove_file(&probe);
         result.map_err(|e| DatastoreError::io(&self.dir, e))
+    }
+}
+
+/// Pool locks taken by `lock_for_update`: released (and forgotten) on drop.
+struct HeldPools {
+    names: Vec<String>,
+    held: Arc<Mutex<BTreeSet<String>>>,
+    _files: Vec<File>,
+}
+
+impl Drop for HeldPools {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.held.lock() {
+            for name in &self.names {
+                held.remove(name);
+            }
+        }
     }
 }
 
@@ -234,6 +291,7 @@ fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Pool, DatastoreErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn temp_dir(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("thereabouts-file-{tag}-{}", std::process::id()));
@@ -315,6 +373,46 @@ mod tests {
         let err = store.commit(&[update], Instant::now() + Duration::from_millis(30)).unwrap_err();
         assert!(matches!(err, DatastoreError::Timeout { .. }), "{err}");
         drop(held);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn commit_under_its_own_update_lock_does_not_wait_for_itself() {
+        let dir = temp_dir("ownlock");
+        let store = FileStore::new(&dir);
+        let p = pool("p", "192.0.2.0/24");
+        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        let guard = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
+        let version = store.load(&p).unwrap().version;
+        let update = PoolUpdate { pool: p.clone(), expected: version, changes: vec![Change::Insert(alloc(2, "b"))] };
+        store.commit(&[update], Instant::now() + Duration::from_millis(500)).expect("no self-deadlock");
+        drop(guard);
+        assert_eq!(store.load(&p).unwrap().entries.len(), 2);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_second_writer_queues_behind_the_update_lock_and_then_proceeds() {
+        let dir = temp_dir("queue");
+        let first = FileStore::new(&dir);
+        let p = pool("p", "192.0.2.0/24");
+        first.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        let guard = first.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
+        let (dir2, p2) = (dir.clone(), p.clone());
+        let second = std::thread::spawn(move || {
+            let store = FileStore::new(&dir2);
+            let started = Instant::now();
+            let _lock = store.lock_for_update(std::slice::from_ref(&p2), Instant::now() + Duration::from_secs(5)).unwrap();
+            started.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        drop(guard);
+        let waited = second.join().unwrap();
+        assert!(waited >= Duration::from_millis(90), "the second writer must wait for the first ({waited:?})");
+        // And a writer that cannot get it in time reports a timeout, not a hang.
+        let _guard = first.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
+        let other = FileStore::new(&dir);
+        assert!(matches!(other.lock_for_update(&[p], Instant::now() + Duration::from_millis(30)), Err(DatastoreError::Timeout { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
 

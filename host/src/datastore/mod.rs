@@ -126,6 +126,28 @@ pub trait Datastore {
 
     /// Whether the datastore can serve an ADD now (CNI STATUS).
     fn check_usable(&self) -> Result<(), DatastoreError>;
+
+    /// Queue this call behind other writers of the same pools, where that is cheap
+    /// and local (the file store: one `flock` per pool, on one node). Held until the
+    /// returned guard drops. Compare-and-swap in `commit` stays the guarantee; this
+    /// only stops concurrent writers from repeatedly invalidating each other's
+    /// plans, which under a burst makes tail latency explode. Shared stores
+    /// (Kubernetes, etcd) keep the default: no lock, CAS alone.
+    fn lock_for_update(&self, _pools: &[PoolId], _deadline: Instant) -> Result<UpdateLock, DatastoreError> {
+        Ok(UpdateLock::none())
+    }
+}
+
+/// What [`Datastore::lock_for_update`] holds; releases on drop.
+pub struct UpdateLock(#[allow(dead_code, reason = "held for its Drop")] Option<Box<dyn Send>>);
+
+impl UpdateLock {
+    pub fn none() -> Self {
+        UpdateLock(None)
+    }
+    pub fn holding(guard: impl Send + 'static) -> Self {
+        UpdateLock(Some(Box::new(guard)))
+    }
 }
 
 /// The datastore a network config asks for. There is no silent default: a config

@@ -1,0 +1,570 @@
+//! Helpers shared by the end-to-end tests and the host-local benchmark.
+//!
+//! Everything here drives the *release* `thereabouts` binary exactly as a container
+//! runtime would: `CNI_*` environment variables, the network config on stdin, the result
+//! (or a CNI error object) on stdout. Nothing links against the plugin's crates, so the
+//! tests see only the standard CNI interface and the on-disk file datastore.
+
+use serde::Deserialize;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Per-call limit: a call that takes this long is a hang (e.g. a stale lock). Generous on
+/// purpose: with 16 writers on 2 busy cores single calls have been seen to take ~15 s, and
+/// the plugin's own budget is 60 s (DEL) / 120 s (ADD).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The workspace root (two levels above this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+/// Path of the release `thereabouts` binary: `$THEREABOUTS_BIN`, else
+/// `$CARGO_TARGET_DIR/release/thereabouts`, else `<workspace>/target/release/thereabouts`.
+/// Panics with a clear message when it is missing or does not answer `CNI_COMMAND=VERSION`.
+pub fn thereabouts_bin() -> PathBuf {
+    let path = if let Some(p) = std::env::var_os("THEREABOUTS_BIN") {
+        PathBuf::from(p)
+    } else if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        PathBuf::from(t).join("release/thereabouts")
+    } else {
+        workspace_root().join("target/release/thereabouts")
+    };
+    assert!(
+        path.is_file(),
+        "release binary {} not found: run `cargo build --release -p thereabouts` first (or set THEREABOUTS_BIN)",
+        path.display()
+    );
+    let out = Command::new(&path)
+        .env_clear()
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(Stdio::null())
+        .output()
+        .expect("exec thereabouts VERSION");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert!(
+        out.status.success() && v.get("supportedVersions").is_some(),
+        "{} does not answer CNI_COMMAND=VERSION with supportedVersions (exit {:?}, stdout {:?}, stderr {:?})",
+        path.display(),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
+}
+
+/// A scratch directory removed on drop (kept when `THAB_E2E_KEEP` is set, for debugging).
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        Self::new_in(&std::env::temp_dir(), tag)
+    }
+    /// Like `new`, under `base` (e.g. a tmpfs, to take the disk out of a measurement).
+    pub fn new_in(base: &Path, tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = base.join(format!(
+            "thab-e2e-{tag}-{}-{}-{:08x}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    /// A sub-directory (created).
+    pub fn sub(&self, name: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::create_dir_all(&p).expect("create sub dir");
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("THAB_E2E_KEEP").is_some() {
+            eprintln!("keeping {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A network config whose IPAM section is thereabouts on the file datastore.
+/// `legacy_range` becomes the top-level `range` (allocated first), `ip_ranges` the `ipRanges` list.
+pub fn thereabouts_conf(
+    cni_version: &str,
+    name: &str,
+    data_dir: &Path,
+    legacy_range: Option<&str>,
+    ip_ranges: &[&str],
+) -> Value {
+    let mut ipam = json!({
+        "type": "thereabouts",
+        "datastore": "file",
+        "data_dir": data_dir.to_str().expect("utf-8 path"),
+    });
+    if let Some(r) = legacy_range {
+        ipam["range"] = json!(r);
+    }
+    if !ip_ranges.is_empty() {
+        ipam["ipRanges"] = Value::Array(ip_ranges.iter().map(|r| json!({ "range": r })).collect());
+    }
+    json!({ "cniVersion": cni_version, "name": name, "type": "thab-e2e", "ipam": ipam })
+}
+
+/// Kubernetes-style CNI_ARGS for a pod in namespace `default`.
+pub fn k8s_args(pod: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}")
+}
+
+/// One CNI invocation: the environment a runtime would pass.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub command: String,
+    pub container_id: String,
+    pub netns: String,
+    pub ifname: String,
+    pub cni_args: String,
+    pub cni_path: String,
+}
+
+impl Call {
+    /// ADD/DEL/CHECK for a pod attachment (netns is a dummy path: pure IPAM needs none).
+    pub fn pod(command: &str, container_id: &str, pod: &str) -> Call {
+        Call {
+            command: command.into(),
+            container_id: container_id.into(),
+            netns: "/var/run/netns/thab-e2e-dummy".into(),
+            ifname: "eth0".into(),
+            cni_args: k8s_args(pod),
+            cni_path: "/nonexistent-thab-e2e".into(),
+        }
+    }
+    /// GC / STATUS the way libcni sends them: empty CONTAINERID/NETNS/IFNAME/ARGS.
+    pub fn global(command: &str) -> Call {
+        Call {
+            command: command.into(),
+            container_id: String::new(),
+            netns: String::new(),
+            ifname: String::new(),
+            cni_args: String::new(),
+            cni_path: "/nonexistent-thab-e2e".into(),
+        }
+    }
+
+    fn command(&self, bin: &Path) -> Command {
+        let mut c = Command::new(bin);
+        c.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", &self.command)
+            .env("CNI_CONTAINERID", &self.container_id)
+            .env("CNI_NETNS", &self.netns)
+            .env("CNI_IFNAME", &self.ifname)
+            .env("CNI_ARGS", &self.cni_args)
+            .env("CNI_PATH", &self.cni_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Starts the plugin with `stdin` written and closed; stdout/stderr are piped.
+    pub fn spawn(&self, bin: &Path, stdin: &str) -> Child {
+        let mut child = self
+            .command(bin)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        let mut si = child.stdin.take().expect("stdin");
+        // The config is far below the pipe buffer size, so this never blocks; a child
+        // killed before reading gives EPIPE, which is fine.
+        let _ = si.write_all(stdin.as_bytes());
+        drop(si);
+        child
+    }
+
+    /// Runs to completion (killed after CALL_TIMEOUT, reported as `timed_out`).
+    pub fn run(&self, bin: &Path, stdin: &str) -> Outcome {
+        let start = Instant::now();
+        let mut child = self.spawn(bin, stdin);
+        let mut so = child.stdout.take().expect("stdout");
+        let mut se = child.stderr.take().expect("stderr");
+        let to = std::thread::spawn(move || {
+            let mut s = Vec::new();
+            let _ = so.read_to_end(&mut s);
+            s
+        });
+        let te = std::thread::spawn(move || {
+            let mut s = Vec::new();
+            let _ = se.read_to_end(&mut s);
+            s
+        });
+        let mut timed_out = false;
+        let status = loop {
+            if let Some(st) = child.try_wait().expect("try_wait") {
+                break st;
+            }
+            if start.elapsed() > CALL_TIMEOUT {
+                timed_out = true;
+                let _ = child.kill();
+                break child.wait().expect("wait");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let elapsed = start.elapsed();
+        Outcome {
+            call: self.clone(),
+            status,
+            stdout: String::from_utf8_lossy(&to.join().unwrap()).into_owned(),
+            stderr: String::from_utf8_lossy(&te.join().unwrap()).into_owned(),
+            elapsed,
+            timed_out,
+        }
+    }
+
+    /// Runs without the watchdog (for the benchmark: no polling noise).
+    pub fn run_plain(&self, bin: &Path, stdin: &str) -> (ExitStatus, Vec<u8>) {
+        let mut child = self.spawn(bin, stdin);
+        let mut out = Vec::new();
+        child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+        let mut err = Vec::new();
+        child.stderr.take().unwrap().read_to_end(&mut err).unwrap();
+        let st = child.wait().unwrap();
+        if !st.success() {
+            eprintln!(
+                "{} failed: {} {}",
+                self.command,
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            );
+        }
+        (st, out)
+    }
+}
+
+/// What one plugin run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    pub call: Call,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+    pub timed_out: bool,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.status.success() && !self.timed_out
+    }
+    /// Panics (with everything needed to reproduce) unless the call succeeded.
+    pub fn expect_ok(&self, what: &str) -> &Self {
+        assert!(self.ok(), "{what} failed: {}", self.describe());
+        self
+    }
+    pub fn describe(&self) -> String {
+        format!(
+            "CNI_COMMAND={} CNI_CONTAINERID={} CNI_IFNAME={} CNI_ARGS={:?} -> exit {:?}{} after {:?}\nstdout: {}\nstderr: {}",
+            self.call.command,
+            self.call.container_id,
+            self.call.ifname,
+            self.call.cni_args,
+            self.status.code(),
+            if self.timed_out {
+                " (TIMED OUT, killed)"
+            } else {
+                ""
+            },
+            self.elapsed,
+            self.stdout.trim(),
+            self.stderr.trim()
+        )
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.describe()))
+    }
+    /// `ips[].address` of a CNI result, in order.
+    pub fn ips(&self) -> Vec<String> {
+        result_ips(&self.json())
+    }
+    /// A failed call must print a CNI error object (`code`, `msg`) on stdout.
+    pub fn expect_cni_error(&self, what: &str) -> Value {
+        assert!(
+            !self.status.success(),
+            "{what}: expected failure, got success: {}",
+            self.describe()
+        );
+        assert!(!self.timed_out, "{what}: timed out: {}", self.describe());
+        let v: Value = serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{what}: error output is not a CNI error JSON ({e}): {}",
+                self.describe()
+            )
+        });
+        assert!(
+            v.get("code").and_then(Value::as_u64).is_some()
+                && v.get("msg").and_then(Value::as_str).is_some(),
+            "{what}: error JSON lacks code/msg: {}",
+            self.describe()
+        );
+        v
+    }
+}
+
+/// `ips[].address` (with prefix) of a CNI 0.3+ result.
+pub fn result_ips(v: &Value) -> Vec<String> {
+    v.get("ips")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|ip| ip["address"].as_str().expect("ips[].address").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `192.0.2.5/24` -> 192.0.2.5
+pub fn addr_of(cidr: &str) -> IpAddr {
+    cidr.split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|e| panic!("bad address {cidr:?}: {e}"))
+}
+
+/// Network address and prefix length of a pool's `range` (`A/len` or `A-B/len`).
+pub fn range_network(range: &str) -> (IpAddr, u8) {
+    let (ip, len) = range
+        .rsplit_once('/')
+        .unwrap_or_else(|| panic!("range without prefix: {range:?}"));
+    let ip = ip.split('-').next().unwrap();
+    let ip: IpAddr = ip
+        .parse()
+        .unwrap_or_else(|e| panic!("bad range {range:?}: {e}"));
+    let len: u8 = len
+        .parse()
+        .unwrap_or_else(|e| panic!("bad prefix in {range:?}: {e}"));
+    match ip {
+        IpAddr::V4(a) => {
+            let mask = if len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - len as u32)
+            };
+            (IpAddr::V4((u32::from(a) & mask).into()), len)
+        }
+        IpAddr::V6(a) => {
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len as u32)
+            };
+            (IpAddr::V6((u128::from(a) & mask).into()), len)
+        }
+    }
+}
+
+/// `network + offset` (whereabouts' IPPool keys are decimal offsets from the range's network address).
+pub fn add_offset(net: IpAddr, offset: u128) -> IpAddr {
+    match net {
+        IpAddr::V4(a) => IpAddr::V4((u32::from(a).wrapping_add(offset as u32)).into()),
+        IpAddr::V6(a) => IpAddr::V6((u128::from(a).wrapping_add(offset)).into()),
+    }
+}
+
+/// An allocation entry as found in a pool file.
+#[derive(Clone, Debug)]
+pub struct Alloc {
+    pub key: String,
+    pub addr: IpAddr,
+    pub id: String,
+    pub podref: String,
+    pub ifname: String,
+}
+
+/// One `<data_dir>/<pool>.json` file.
+#[derive(Debug)]
+pub struct Pool {
+    pub file: PathBuf,
+    pub range: String,
+    pub allocs: Vec<Alloc>,
+}
+
+/// Object entries in document order, duplicates kept (serde_json's Map would merge them).
+struct Entries(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of allocations")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Entries, A::Error> {
+                let mut v = Vec::new();
+                while let Some((k, val)) = m.next_entry::<String, Value>()? {
+                    v.push((k, val));
+                }
+                Ok(Entries(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct RawPool {
+    range: String,
+    #[serde(default)]
+    allocations: Option<Entries>,
+}
+
+/// Parses one pool file strictly: valid JSON, a `range`, an `allocations` object whose keys
+/// are unique decimal offsets and whose values carry string `id`, `podref`, `ifname`.
+pub fn parse_pool(file: &Path) -> Result<Pool, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("{}: unreadable: {e}", file.display()))?;
+    let raw: RawPool = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{}: not a pool file ({e}); content: {:?}",
+            file.display(),
+            truncate(&text, 400)
+        )
+    })?;
+    let (net, _) = range_network(&raw.range);
+    let mut seen = std::collections::HashSet::new();
+    let mut allocs = Vec::new();
+    for (k, v) in raw.allocations.map(|e| e.0).unwrap_or_default() {
+        if !seen.insert(k.clone()) {
+            return Err(format!("{}: duplicate allocation key {k}", file.display()));
+        }
+        let off: u128 = k.parse().map_err(|_| {
+            format!(
+                "{}: allocation key {k:?} is not a decimal offset",
+                file.display()
+            )
+        })?;
+        let s = |f: &str| -> Result<String, String> {
+            v.get(f)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    format!(
+                        "{}: allocation {k} lacks string field {f:?}: {v}",
+                        file.display()
+                    )
+                })
+        };
+        allocs.push(Alloc {
+            key: k.clone(),
+            addr: add_offset(net, off),
+            id: s("id")?,
+            podref: s("podref")?,
+            ifname: s("ifname")?,
+        });
+    }
+    Ok(Pool {
+        file: file.to_path_buf(),
+        range: raw.range,
+        allocs,
+    })
+}
+
+fn truncate(s: &str, n: usize) -> &str {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// Everything in a data dir: the parsed pool files (`*.json`, recursively) and every other
+/// file (locks, temp files) by path. Errors name the first file that does not parse.
+pub fn read_store(dir: &Path) -> Result<(Vec<Pool>, Vec<PathBuf>), String> {
+    let mut pools = Vec::new();
+    let mut others = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let rd = match std::fs::read_dir(&d) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{}: {e}", d.display())),
+        };
+        for ent in rd {
+            let ent = ent.map_err(|e| e.to_string())?;
+            let p = ent.path();
+            let ft = ent.file_type().map_err(|e| e.to_string())?;
+            if ft.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|e| e == "json") {
+                pools.push(parse_pool(&p)?);
+            } else {
+                others.push(p);
+            }
+        }
+    }
+    pools.sort_by(|a, b| a.file.cmp(&b.file));
+    Ok((pools, others))
+}
+
+/// Store-wide consistency: no address held twice (within or across pool files), and no
+/// attachment (id, ifname) holding two addresses of one pool. Returns address -> entry.
+pub fn check_unique(pools: &[Pool]) -> Result<BTreeMap<IpAddr, Alloc>, String> {
+    let mut by_addr: BTreeMap<IpAddr, Alloc> = BTreeMap::new();
+    for p in pools {
+        let mut per_owner: HashMap<(&str, &str), &Alloc> = HashMap::new();
+        for a in &p.allocs {
+            if let Some(prev) = per_owner.insert((&a.id, &a.ifname), a) {
+                return Err(format!(
+                    "{}: attachment {}/{} holds two addresses: {} and {}",
+                    p.file.display(),
+                    a.id,
+                    a.ifname,
+                    prev.addr,
+                    a.addr
+                ));
+            }
+            if let Some(prev) = by_addr.insert(a.addr, a.clone()) {
+                return Err(format!(
+                    "DUPLICATE address {} held by {}/{} and {}/{} (in {})",
+                    a.addr,
+                    prev.id,
+                    prev.ifname,
+                    a.id,
+                    a.ifname,
+                    p.file.display()
+                ));
+            }
+        }
+    }
+    Ok(by_addr)
+}
+
+/// Total allocation entries in a store.
+pub fn count_allocs(pools: &[Pool]) -> usize {
+    pools.iter().map(|p| p.allocs.len()).sum()
+}
+
+/// Median and p-th percentile of durations (nearest rank).
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}

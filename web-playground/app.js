@@ -1,0 +1,399 @@
+// The playground page: reads the config, asks the engine component, renders.
+import { extractConfig, ExtractError } from './lib/nad.js';
+import { normalize, configWarnings, Simulation, usage, parsePodList, offsetKey, MAX_PODS } from './lib/model.js';
+import { EXAMPLES } from './lib/examples.js';
+
+const $ = (id) => document.getElementById(id);
+const els = {
+  example: $('example'), config: $('config'), pods: $('pods'), run: $('run'), share: $('share'), shareStatus: $('share-status'),
+  errorsSection: $('errors-section'), errors: $('errors'),
+  rangesSection: $('ranges-section'), ranges: $('ranges').tBodies[0], networkInfo: $('network-info'), statics: $('statics'),
+  warningsSection: $('warnings-section'), warnings: $('warnings'),
+  previewSection: $('preview-section'), usage: $('usage'), summary: $('preview-summary'), podsTable: $('pods-table'),
+  podsHead: document.querySelector('#pods-table .phead'), podsBody: document.querySelector('#pods-table .pbody'),
+  churnDelete: $('churn-delete'), churnAdd: $('churn-add'), churnApply: $('churn-apply'), churnReset: $('churn-reset'), churnLog: $('churn-log'),
+  engineInfo: $('engine-info'),
+};
+
+const CODE_NAMES = { 1: 'incompatible CNI version', 4: 'invalid environment variables', 6: 'undecodable content', 7: 'invalid network configuration' };
+const ROWS_PER_CHUNK = 250;   // rows per content-visibility chunk
+const ROW_PX = 28;            // estimated row height, for chunks not yet laid out
+const MAX_CHURN_ADD = 200;    // each added pod is one plan-all call over the whole pools (~6 ms at 10 000 pods)
+
+let engine = null;
+let sim = null;          // the current Simulation, or null when the config is broken
+let churnSteps = [];     // [[deleteText, addCount], ...] applied since the last preview, for the link
+let baseWarnings = [];
+let lastHash = '';
+
+const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
+const fmt = (n) => (typeof n === 'bigint' ? n : BigInt(n)).toLocaleString('en-US');
+
+// ---------------------------------------------------------------- URL fragment
+
+function toBase64Url(text) {
+  const bytes = new TextEncoder().encode(text);
+  let bin = '';
+  for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+}
+function fromBase64Url(s) {
+  const bin = atob(s.replace(/-/g, '+').replace(/_/g, '/'));
+  return new TextDecoder().decode(Uint8Array.from(bin, (c) => c.charCodeAt(0)));
+}
+
+function currentHash() {
+  const params = new URLSearchParams();
+  params.set('n', String(podCount()));
+  if (churnSteps.length) params.set('churn', churnSteps.map(([d, a]) => `${d.replace(/\s+/g, '')}~${a}`).join('|'));
+  params.set('config', toBase64Url(els.config.value));
+  return '#' + params.toString();
+}
+
+function writeHash() {
+  lastHash = currentHash();
+  if (location.hash !== lastHash) history.replaceState(null, '', lastHash);
+}
+
+/** Loads the view from the fragment; false if there is nothing to load. */
+function readHash() {
+  if (!location.hash || location.hash.length < 2) return false;
+  const params = new URLSearchParams(location.hash.slice(1));
+  const encoded = params.get('config');
+  if (encoded === null) return false;
+  try {
+    els.config.value = fromBase64Url(encoded);
+  } catch {
+    showErrors([{ field: '#config', message: 'The link\'s config could not be decoded (was it cut short?).', source: 'playground' }]);
+    return true;
+  }
+  const n = Number(params.get('n'));
+  if (Number.isInteger(n) && n >= 1) els.pods.value = String(Math.min(n, MAX_PODS));
+  els.example.value = '';
+  const steps = (params.get('churn') || '').split('|').filter(Boolean).map((s) => {
+    const [d, a] = s.split('~');
+    return [d || '', Number(a) || 0];
+  });
+  run();
+  for (const [d, a] of steps) applyChurn(d, a);
+  writeHash();
+  return true;
+}
+
+// ---------------------------------------------------------------- running
+
+function podCount() {
+  const n = Math.floor(Number(els.pods.value));
+  if (!Number.isFinite(n) || n < 1) return 10;
+  return Math.min(n, MAX_PODS);
+}
+
+/** Computes and renders the whole view. Returns timings in ms (null when the config is broken). */
+function run() {
+  if (!engine) return null;
+  try {
+    return compute();
+  } catch (e) {
+    // Not a ConfigError: the component trapped (a bug in the engine, worth a report).
+    showBroken([{ field: '', message: `The engine failed: ${e && e.message ? e.message : e}. Please report this config; reload the page to continue.`, source: 'playground' }]);
+    console.error(e);
+    return null;
+  }
+}
+
+function compute() {
+  const t0 = performance.now();
+  churnSteps = [];
+  els.churnLog.innerHTML = '';
+  let text;
+  try {
+    text = extractConfig(els.config.value);
+  } catch (e) {
+    if (!(e instanceof ExtractError)) throw e;
+    showBroken([{ field: e.field, message: e.message + (e.line ? ` (line ${e.line})` : ''), source: 'yaml' }]);
+    return null;
+  }
+  const result = normalize(engine, text.config);
+  if (result.errors) {
+    showBroken(result.errors);
+    return null;
+  }
+  const config = result.config;
+  baseWarnings = configWarnings(engine, config);
+  sim = new Simulation(engine, config, podCount());
+  const t1 = performance.now();
+  showErrors([]);
+  renderRanges(config, text);
+  renderPreview();
+  // Force style and layout so the figure includes them.
+  void els.podsTable.offsetHeight;
+  const t2 = performance.now();
+  const timing = { compute: t1 - t0, render: t2 - t1, total: t2 - t0, pods: sim.pods.length };
+  els.summary.textContent = `${fmt(sim.pods.length)} pods · computed by the engine in ${timing.compute.toFixed(1)} ms, rendered in ${timing.render.toFixed(1)} ms.`;
+  window.playground.lastTiming = timing;
+  return timing;
+}
+
+function showBroken(errors) {
+  sim = null;
+  showErrors(errors);
+  els.rangesSection.hidden = true;
+  els.warningsSection.hidden = true;
+  els.previewSection.hidden = true;
+  els.podsBody.innerHTML = '';
+}
+
+function showErrors(errors) {
+  els.errorsSection.hidden = errors.length === 0;
+  els.errors.innerHTML = errors.map((e, i) => {
+    const origin = {
+      plugin: 'The plugin rejects this config:',
+      entry: `Also wrong (this ipRanges entry checked on its own):`,
+      yaml: 'Could not read the NetworkAttachmentDefinition:',
+      playground: 'Playground:',
+    }[e.source] || '';
+    const code = e.code ? `<span class="code">CNI error ${e.code}${CODE_NAMES[e.code] ? ' (' + CODE_NAMES[e.code] + ')' : ''}</span>` : '';
+    return `<div class="error" data-index="${i}"><div>${esc(origin)} ${code}</div>
+      <div>Field: <span class="field">${e.field ? esc(e.field) : '(the whole document)'}</span></div>
+      <p class="message">${esc(e.message)}</p></div>`;
+  }).join('');
+}
+
+function renderRanges(config, text) {
+  els.rangesSection.hidden = false;
+  const bits = [];
+  if (text.kind === 'nad') bits.push(`from spec.config${text.name ? ' of ' + text.name : ''}`);
+  bits.push(`network ${config.name || '(unnamed)'}`);
+  if (config.networkName) bits.push(`network_name ${config.networkName}`);
+  bits.push(`CNI ${config.cniVersion}`);
+  els.networkInfo.textContent = '— ' + bits.join(' · ');
+  els.ranges.innerHTML = config.ranges.map((r, i) => {
+    const span = offsetKey(r.lastOffset) - offsetKey(r.firstOffset) + 1n;
+    const excluded = span - BigInt(r.usable);
+    const blocks = r.excludeCidrs.length ? `<br><span class="hint">${r.excludeCidrs.map(esc).join(', ')}</span>` : '';
+    return `<tr><td>${i + 1}</td><td>${esc(r.cidr)}</td><td>${esc(r.first)}</td><td>${esc(r.last)}</td>
+      <td class="num">${fmt(r.usable)}</td><td class="num">${fmt(excluded < 0n ? 0n : excluded)}${blocks}</td>
+      <td>${r.gateway ? esc(r.gateway) : '<span class="hint">none</span>'}</td><td>${esc(r.poolName)}</td></tr>`;
+  }).join('');
+  if (config.addresses.length) {
+    els.statics.hidden = false;
+    els.statics.textContent = 'Static addresses every pod also gets, after the allocated ones: ' + config.addresses.map((a) => a.address).join(', ');
+  } else {
+    els.statics.hidden = true;
+  }
+}
+
+function renderPreview() {
+  const config = sim.config;
+  const use = usage(sim);
+  els.previewSection.hidden = false;
+
+  // Usage bars.
+  els.usage.innerHTML = config.ranges.map((r, i) => {
+    const { used, usable } = use[i];
+    const pct = usable === 0n ? 100 : Number((BigInt(used) * 1000000n) / usable) / 10000;
+    const shown = pct > 0 && pct < 0.01 ? '<0.01' : pct.toFixed(pct < 10 ? 2 : 1);
+    const full = usable > 0n && BigInt(used) >= usable;
+    return `<div class="bar-row"><span class="label">${esc(r.cidr)}</span>
+      <div class="bar${full ? ' full' : ''}" role="meter" aria-label="${esc(r.cidr)} usage" aria-valuemin="0" aria-valuemax="100" aria-valuenow="${Math.min(100, pct)}"><span style="width:${Math.min(100, pct)}%"></span></div>
+      <span class="figure">${fmt(used)} / ${fmt(usable)} used (${shown}%)</span></div>`;
+  }).join('');
+
+  // Warnings: the config's, and ranges that run out.
+  const warnings = [...baseWarnings];
+  use.forEach((u, i) => {
+    if (u.firstExhausted) {
+      const r = config.ranges[i];
+      warnings.push({ kind: 'exhausted', text: `Range ${i + 1} (${r.cidr}) runs out at pod ${u.firstExhausted.pod}: it has ${fmt(u.usable)} usable addresses. From that pod on, ADD fails with: ${u.firstExhausted.message}` });
+    }
+  });
+  els.warningsSection.hidden = warnings.length === 0;
+  els.warnings.innerHTML = warnings.map((w) => `<li data-kind="${w.kind}">${esc(w.text)}</li>`).join('');
+
+  // The pod table: one column per range, in range order (dual-stack pairs side by side).
+  const anyFail = sim.pods.some((p) => !Simulation.served(p));
+  const heads = config.ranges.map((r, i) => `Range ${i + 1}: ${r.cidr}`);
+  const widths = heads.map((h) => h.length);
+  let podWidth = 3;
+  const parts = [];
+  let lastNote = '';
+  const n = sim.pods.length;
+  for (let k = 0; k < n; k++) {
+    if (k % ROWS_PER_CHUNK === 0) {
+      const rowsHere = Math.min(ROWS_PER_CHUNK, n - k);
+      // The first chunk is always rendered; later ones only when scrolled near.
+      parts.push(k ? `</div><div class="pchunk" role="rowgroup" style="--chunk-h:${rowsHere * ROW_PX}px">` : '<div role="rowgroup">');
+    }
+    const p = sim.pods[k];
+    const ok = Simulation.served(p);
+    let cls = 'prow';
+    if (p.added) cls += ' new';
+    if (!ok) cls += ' fails';
+    let row = `<div class="${cls}" role="row"><div class="pod" role="cell">${p.pod}</div>`;
+    for (let i = 0; i < p.cells.length; i++) {
+      const c = p.cells[i];
+      if (c.ip) {
+        if (c.address.length > widths[i]) widths[i] = c.address.length;
+        row += `<div role="cell">${c.address}</div>`;
+      } else {
+        row += `<div class="out" role="cell">${c.failed ? 'no address' : 'exhausted'}</div>`;
+      }
+    }
+    if (anyFail) {
+      let note = '';
+      if (!ok) {
+        const c = p.cells.find((x) => !x.ip);
+        const msg = c.exhausted || c.rejected || c.failed;
+        note = msg === lastNote ? 'ADD fails (same error)' : `ADD fails: ${esc(msg)}`;
+        lastNote = msg;
+      }
+      row += `<div class="note" role="cell">${note}</div>`;
+    }
+    parts.push(row + '</div>');
+  }
+  if (n) parts.push('</div>');
+  podWidth = Math.max(podWidth, String(sim.nextPod).length + 4);
+  const cols = [`calc(${podWidth}ch + 1.2rem)`, ...widths.map((w) => `calc(${w}ch + 1.2rem)`)];
+  if (anyFail) cols.push('auto');
+  els.podsTable.style.setProperty('--cols', cols.join(' '));
+  els.podsHead.innerHTML = `<div class="prow" role="row"><div class="pod" role="columnheader">Pod</div>${heads.map((h) =>
+    `<div role="columnheader">${esc(h)}</div>`).join('')}${anyFail ? '<div role="columnheader">Result</div>' : ''}</div>`;
+  // Every row in one go.
+  els.podsBody.innerHTML = parts.join('');
+}
+
+// ---------------------------------------------------------------- churn
+
+function applyChurn(deleteText, add) {
+  if (!sim) return false;
+  let list;
+  try {
+    list = parsePodList(deleteText);
+  } catch (e) {
+    logChurn(`Could not read “Delete pods”: ${e.message}`, true);
+    return false;
+  }
+  add = Math.max(0, Math.min(MAX_CHURN_ADD, Math.floor(Number(add) || 0)));
+  const { deleted, missing, added } = sim.churn(list, add);
+  churnSteps.push([deleteText, add]);
+  const got = added.filter((p) => Simulation.served(p));
+  const failed = added.length - got.length;
+  let msg = `Deleted ${deleted.length ? 'pod' + (deleted.length > 1 ? 's ' : ' ') + compactList(deleted) : 'no pods'}`;
+  if (missing.length) msg += ` (no pod ${compactList(missing)})`;
+  msg += `; added ${added.length} pod${added.length === 1 ? '' : 's'}`;
+  if (got.length) {
+    const shown = got.slice(0, 8).map((p) => `${p.pod} → ${p.cells.map((c) => c.ip).join(' + ')}`).join(', ');
+    msg += `: ${shown}${got.length > 8 ? ', …' : ''}`;
+  }
+  if (failed) msg += `; ${failed} got no address (a range is exhausted)`;
+  logChurn(msg + '.');
+  renderPreview();
+  els.summary.textContent = `${fmt(sim.pods.length)} pods after ${churnSteps.length} churn step${churnSteps.length === 1 ? '' : 's'}. New pods are highlighted.`;
+  return true;
+}
+
+function compactList(nums) {
+  const s = [...nums].sort((a, b) => a - b);
+  const out = [];
+  for (let i = 0; i < s.length; i++) {
+    let j = i;
+    while (j + 1 < s.length && s[j + 1] === s[j] + 1) j++;
+    out.push(j > i ? `${s[i]}–${s[j]}` : `${s[i]}`);
+    i = j;
+  }
+  return out.join(', ');
+}
+
+function logChurn(text, isError = false) {
+  const li = document.createElement('li');
+  li.textContent = text;
+  if (isError) li.className = 'error-line';
+  els.churnLog.append(li);
+}
+
+// ---------------------------------------------------------------- wiring
+
+let timer = 0;
+function schedule() {
+  clearTimeout(timer);
+  timer = setTimeout(() => { run(); writeHash(); }, 250);
+}
+
+function runNow() {
+  clearTimeout(timer);
+  run();
+  writeHash();
+}
+
+function loadExample(id) {
+  const ex = EXAMPLES.find((e) => e.id === id);
+  if (!ex) return;
+  els.config.value = ex.text;
+  runNow();
+}
+
+async function share() {
+  writeHash();
+  const url = location.href;
+  try {
+    await navigator.clipboard.writeText(url);
+    els.shareStatus.textContent = 'Link copied: it reproduces this view.';
+  } catch {
+    els.shareStatus.textContent = 'The address bar now holds the link to this view.';
+  }
+}
+
+function wire() {
+  els.example.insertAdjacentHTML('beforeend', EXAMPLES.map((e) => `<option value="${e.id}">${esc(e.title)}</option>`).join(''));
+  els.example.addEventListener('change', () => loadExample(els.example.value));
+  els.config.addEventListener('input', schedule);
+  els.config.addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter' && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); runNow(); }
+  });
+  els.pods.addEventListener('change', () => {
+    els.pods.value = String(podCount());
+    runNow();
+  });
+  els.pods.addEventListener('keydown', (ev) => { if (ev.key === 'Enter') { els.pods.value = String(podCount()); runNow(); } });
+  els.run.addEventListener('click', runNow);
+  els.share.addEventListener('click', share);
+  els.churnApply.addEventListener('click', () => { if (applyChurn(els.churnDelete.value, els.churnAdd.value)) writeHash(); });
+  for (const input of [els.churnDelete, els.churnAdd]) {
+    input.addEventListener('keydown', (ev) => { if (ev.key === 'Enter') els.churnApply.click(); });
+  }
+  els.churnReset.addEventListener('click', runNow);
+  window.addEventListener('hashchange', () => { if (location.hash !== lastHash) readHash(); });
+}
+
+window.playground = {
+  lastTiming: null,
+  /** For tests and the README figure: set config + pods, compute and render; returns timings. */
+  measure(text, pods) {
+    els.config.value = text;
+    els.pods.value = String(pods);
+    return run();
+  },
+};
+
+window.playground.ready = (async () => {
+  wire();
+  try {
+    ({ engine } = await import('./engine/engine.js'));
+  } catch (e) {
+    els.engineInfo.textContent = '';
+    showErrors([{ field: 'engine/engine.js', message: `The engine component is not built or failed to load (${e.message}). Build it with: bash web-playground/build.sh`, source: 'playground' }]);
+    throw e;
+  }
+  try {
+    const info = await (await fetch('engine/build-info.json')).json();
+    els.engineInfo.textContent = `Engine: the thereabouts component (sha256 ${info.component_sha256}…, ${fmt(info.bytes)} bytes), transpiled with jco. Nothing leaves this page.`;
+  } catch {
+    els.engineInfo.textContent = 'Engine: the thereabouts component, transpiled with jco.';
+  }
+  if (!readHash()) {
+    els.example.value = EXAMPLES[0].id;
+    els.config.value = EXAMPLES[0].text;
+    runNow();
+  }
+  document.documentElement.dataset.ready = 'true';
+})();
