@@ -4,7 +4,7 @@
 # This is the README's test command; .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for suite in tests/engine.sh tests/host.sh tests/host-e2e.sh tests/playground.sh; do
+for suite in tests/engine.sh tests/host.sh tests/host-e2e.sh tests/playground.sh tests/k8s.sh; do
   if [[ -f "$suite" ]]; then
     echo "=== $suite"
     bash "$suite"

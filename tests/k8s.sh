@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Kubernetes tests: builds (or reuses from the cache outside the clone) a real
+# kube-apiserver and etcd from the Go module proxy, then runs the tests that start
+# them through the Rust harness (tests/k8s-harness). Needs Go >= 1.26.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v go >/dev/null 2>&1 || {
+  echo "tests/k8s.sh: Go >= 1.26 is required to build kube-apiserver and etcd (tests/k8s-bins)" >&2
+  exit 1
+}
+bins=$(bash tests/k8s-bins/build.sh)
+echo "kube-apiserver and etcd: $bins"
+# The harness would run build.sh itself; pointing it at the directory skips that.
+export THEREABOUTS_K8S_BINS="$bins"
+if ! command -v cc >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq build-essential >/dev/null
+fi
+# Each test starts its own control plane (~0.5 GB RSS, a few seconds of CPU):
+# keep the parallelism modest on small machines.
+cargo test -p thereabouts-k8s-harness -- --test-threads="${K8S_TEST_THREADS:-2}"
