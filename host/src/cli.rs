@@ -110,7 +110,7 @@ pub struct PreviewRange {
 pub struct PreviewPod {
     /// 1-based.
     pub pod: u32,
-    /// One per range, in range order: `ip/prefix`, or `null` when the range is exhausted.
+    /// One per range, in range order: `ip/prefix`, or `null` for every range of a pod whose ADD would fail.
     pub addresses: Vec<Option<String>>,
 }
 

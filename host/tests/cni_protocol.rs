@@ -495,7 +495,8 @@ fn cli_preview_pools_and_engine_component() {
     assert_eq!(report["ranges"][0], json!({"cidr": "192.0.2.0/30", "first": "192.0.2.1", "last": "192.0.2.2", "usable": "2", "pool_name": "192.0.2.0-30", "gateway": null}));
     assert_eq!(report["ranges"][1]["gateway"], "2001:db8::ffff");
     assert_eq!(report["pods"][0], json!({"pod": 1, "addresses": ["192.0.2.1/30", "2001:db8::1/64"]}));
-    assert_eq!(report["pods"][2], json!({"pod": 3, "addresses": [null, "2001:db8::3/64"]}));
+    // Pod 3's ADD would fail (the /30 is full) and store nothing: no address at all.
+    assert_eq!(report["pods"][2], json!({"pod": 3, "addresses": [null, null]}));
     assert!(!scratch.data().exists(), "preview writes nothing");
 
     let stdin = serde_json::to_string(&conflist).unwrap();

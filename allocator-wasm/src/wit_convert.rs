@@ -1,0 +1,215 @@
+//! Conversions between the engine's model and the WIT records of `wit/ipam.wit`,
+//! written once for both sides of the component boundary. The guest (wit-bindgen)
+//! and the host (wasmtime's bindgen) generate their own, field-for-field identical
+//! record types; `wit_conversions!(path::to::types)` expands these functions
+//! against either set, so the mapping cannot drift between the two.
+//!
+//! `*_to_wit` take references (the host keeps its values); `*_from_wit` take the
+//! records by value.
+
+/// Expands the conversion functions in the calling module. `$wit` is the path of
+/// the generated `thereabouts:ipam/types` module.
+#[macro_export]
+macro_rules! wit_conversions {
+    ($wit:path) => {
+        #[allow(dead_code, reason = "each side uses the directions it needs")]
+        mod wit_convert {
+            use super::*;
+            use $wit as wit;
+            use $crate::{error::ConfigError, ip::Family, model};
+
+            pub fn to_offset(value: u128) -> wit::Offset {
+                wit::Offset { high: (value >> 64) as u64, low: value as u64 }
+            }
+
+            pub fn from_offset(offset: wit::Offset) -> u128 {
+                (u128::from(offset.high) << 64) | u128::from(offset.low)
+            }
+
+            pub fn family(number: u8) -> Family {
+                if number == 6 { Family::V6 } else { Family::V4 }
+            }
+
+            pub fn error_to_wit(e: ConfigError) -> wit::ConfigError {
+                wit::ConfigError { code: e.code, field: e.field, message: e.message }
+            }
+
+            pub fn error_from_wit(e: wit::ConfigError) -> ConfigError {
+                ConfigError { code: e.code, field: e.field, message: e.message }
+            }
+
+            pub fn range_to_wit(r: &model::NormalizedRange) -> wit::NormalizedRange {
+                wit::NormalizedRange {
+                    cidr: r.cidr.clone(),
+                    prefix_len: r.prefix_len,
+                    family: r.family.number(),
+                    first: r.first.clone(),
+                    last: r.last.clone(),
+                    first_offset: to_offset(r.first_offset),
+                    last_offset: to_offset(r.last_offset),
+                    excludes: r.excludes.clone(),
+                    exclude_cidrs: r.exclude_cidrs.clone(),
+                    usable: r.usable.to_string(),
+                    gateway: r.gateway.clone(),
+                    pool_name: r.pool_name.clone(),
+                    requested: r.requested.clone(),
+                }
+            }
+
+            /// Network and merged excludes are not in the record: they are derived
+            /// again from the CIDR and the exclude CIDRs (and so validated).
+            pub fn range_from_wit(r: wit::NormalizedRange) -> Result<model::NormalizedRange, ConfigError> {
+                let (first_offset, last_offset) = (from_offset(r.first_offset), from_offset(r.last_offset));
+                let (network, excluded) = $crate::range::derived_parts(&r.cidr, first_offset, last_offset, &r.exclude_cidrs)?;
+                let usable = r.usable.parse().map_err(|_| ConfigError::invalid("range.usable", format!("not a count: {:?}", r.usable)))?;
+                Ok(model::NormalizedRange {
+                    usable,
+                    family: family(r.family),
+                    cidr: r.cidr,
+                    prefix_len: r.prefix_len,
+                    network,
+                    first: r.first,
+                    last: r.last,
+                    first_offset,
+                    last_offset,
+                    excludes: r.excludes,
+                    exclude_cidrs: r.exclude_cidrs,
+                    excluded,
+                    gateway: r.gateway,
+                    pool_name: r.pool_name,
+                    requested: r.requested,
+                })
+            }
+
+            pub fn config_to_wit(c: &model::NormalizedConfig) -> wit::NormalizedConfig {
+                let d = &c.datastore;
+                wit::NormalizedConfig {
+                    name: c.name.clone(),
+                    cni_version: c.cni_version.clone(),
+                    network_name: c.network_name.clone(),
+                    enable_overlapping_ranges: c.enable_overlapping_ranges,
+                    ranges: c.ranges.iter().map(range_to_wit).collect(),
+                    addresses: c
+                        .addresses
+                        .iter()
+                        .map(|a| wit::StaticAddress { address: a.address.clone(), gateway: a.gateway.clone(), family: a.family.number() })
+                        .collect(),
+                    routes_json: c.routes_json.clone(),
+                    dns_json: c.dns_json.clone(),
+                    pod_ref: c.pod_ref.clone(),
+                    datastore: wit::DatastoreSettings {
+                        kind: d.kind.clone(),
+                        data_dir: d.data_dir.clone(),
+                        kubeconfig: d.kubeconfig.clone(),
+                        etcd_hosts: d.etcd_hosts.clone(),
+                        etcd_username: d.etcd_username.clone(),
+                        etcd_password: d.etcd_password.clone(),
+                        etcd_key_file: d.etcd_key_file.clone(),
+                        etcd_cert_file: d.etcd_cert_file.clone(),
+                        etcd_ca_cert_file: d.etcd_ca_cert_file.clone(),
+                        etcd_prefix: d.etcd_prefix.clone(),
+                    },
+                    log_file: c.log_file.clone(),
+                    log_level: c.log_level.clone(),
+                    configuration_path: c.configuration_path.clone(),
+                }
+            }
+
+            pub fn config_from_wit(c: wit::NormalizedConfig) -> Result<model::NormalizedConfig, ConfigError> {
+                let d = c.datastore;
+                Ok(model::NormalizedConfig {
+                    ranges: c.ranges.into_iter().map(range_from_wit).collect::<Result<_, _>>()?,
+                    addresses: c
+                        .addresses
+                        .into_iter()
+                        .map(|a| model::StaticAddress { address: a.address, gateway: a.gateway, family: family(a.family) })
+                        .collect(),
+                    name: c.name,
+                    cni_version: c.cni_version,
+                    network_name: c.network_name,
+                    enable_overlapping_ranges: c.enable_overlapping_ranges,
+                    routes_json: c.routes_json,
+                    dns_json: c.dns_json,
+                    pod_ref: c.pod_ref,
+                    datastore: model::DatastoreSettings {
+                        kind: d.kind,
+                        data_dir: d.data_dir,
+                        kubeconfig: d.kubeconfig,
+                        etcd_hosts: d.etcd_hosts,
+                        etcd_username: d.etcd_username,
+                        etcd_password: d.etcd_password,
+                        etcd_key_file: d.etcd_key_file,
+                        etcd_cert_file: d.etcd_cert_file,
+                        etcd_ca_cert_file: d.etcd_ca_cert_file,
+                        etcd_prefix: d.etcd_prefix,
+                    },
+                    log_file: c.log_file,
+                    log_level: c.log_level,
+                    configuration_path: c.configuration_path,
+                })
+            }
+
+            pub fn allocation_to_wit(a: &model::Allocation) -> wit::Allocation {
+                wit::Allocation { offset: to_offset(a.offset), container_id: a.container_id.clone(), pod_ref: a.pod_ref.clone(), ifname: a.ifname.clone() }
+            }
+
+            pub fn allocation_from_wit(a: wit::Allocation) -> model::Allocation {
+                model::Allocation { offset: from_offset(a.offset), container_id: a.container_id, pod_ref: a.pod_ref, ifname: a.ifname }
+            }
+
+            pub fn pool_to_wit(p: &model::PoolSnapshot) -> wit::PoolSnapshot {
+                wit::PoolSnapshot {
+                    taken: p.taken.clone(),
+                    taken_wide: p.taken_wide.iter().map(|&o| to_offset(o)).collect(),
+                    reserved: p.reserved.iter().map(|&o| to_offset(o)).collect(),
+                    held: p.held.iter().map(allocation_to_wit).collect(),
+                }
+            }
+
+            pub fn pool_from_wit(p: wit::PoolSnapshot) -> model::PoolSnapshot {
+                model::PoolSnapshot {
+                    taken: p.taken,
+                    taken_wide: p.taken_wide.into_iter().map(from_offset).collect(),
+                    reserved: p.reserved.into_iter().map(from_offset).collect(),
+                    held: p.held.into_iter().map(allocation_from_wit).collect(),
+                }
+            }
+
+            pub fn request_to_wit(r: &model::Request) -> wit::Request {
+                wit::Request { container_id: r.container_id.clone(), pod_ref: r.pod_ref.clone(), ifname: r.ifname.clone(), requested_ip: r.requested_ip.clone() }
+            }
+
+            pub fn request_from_wit(r: wit::Request) -> model::Request {
+                model::Request { container_id: r.container_id, pod_ref: r.pod_ref, ifname: r.ifname, requested_ip: r.requested_ip }
+            }
+
+            pub fn assignment_to_wit(a: model::Assignment) -> wit::Assignment {
+                wit::Assignment { ip: a.ip, address: a.address, offset: to_offset(a.offset), gateway: a.gateway }
+            }
+
+            pub fn assignment_from_wit(a: wit::Assignment) -> model::Assignment {
+                model::Assignment { ip: a.ip, address: a.address, offset: from_offset(a.offset), gateway: a.gateway }
+            }
+
+            pub fn outcome_to_wit(o: model::PlanOutcome) -> wit::PlanOutcome {
+                match o {
+                    model::PlanOutcome::Reuse { assignment, held_index } => {
+                        wit::PlanOutcome::Reuse(wit::Reused { assignment: assignment_to_wit(assignment), held_index })
+                    }
+                    model::PlanOutcome::Fresh { assignment } => wit::PlanOutcome::Fresh(assignment_to_wit(assignment)),
+                    model::PlanOutcome::Exhausted { message } => wit::PlanOutcome::Exhausted(message),
+                    model::PlanOutcome::Rejected { message } => wit::PlanOutcome::Rejected(message),
+                }
+            }
+
+            pub fn outcome_from_wit(o: wit::PlanOutcome) -> model::PlanOutcome {
+                match o {
+                    wit::PlanOutcome::Reuse(r) => model::PlanOutcome::Reuse { assignment: assignment_from_wit(r.assignment), held_index: r.held_index },
+                    wit::PlanOutcome::Fresh(a) => model::PlanOutcome::Fresh { assignment: assignment_from_wit(a) },
+                    wit::PlanOutcome::Exhausted(message) => model::PlanOutcome::Exhausted { message },
+                    wit::PlanOutcome::Rejected(message) => model::PlanOutcome::Rejected { message },
+                }
+            }
+        }
+    };
+}
