@@ -66,18 +66,7 @@ fn concurrent_dual_stack_adds_and_dels_never_duplicate() {
         Call::pod("ADD", &format!("conc-w{w}-i{i}"), &format!("pod-w{w}-i{i}")).run(&bin, &conf)
     });
     let add_wall = t0.elapsed();
-    let failed: Vec<String> = adds
-        .iter()
-        .filter(|o| !o.ok())
-        .take(5)
-        .map(Outcome::describe)
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {n} concurrent ADDs failed; first ones:\n{}",
-        adds.iter().filter(|o| !o.ok()).count(),
-        failed.join("\n---\n")
-    );
+    assert_all_succeeded(&adds, "concurrent ADDs");
 
     // Results: two addresses each (v4 from the first range, v6 from the second), all distinct.
     let (net4, _) = range_network(v4);
@@ -175,17 +164,7 @@ fn concurrent_dual_stack_adds_and_dels_never_duplicate() {
         Call::pod("DEL", &format!("conc-w{w}-i{i}"), &format!("pod-w{w}-i{i}")).run(&bin, &conf)
     });
     let del_wall = t1.elapsed();
-    let failed: Vec<String> = dels
-        .iter()
-        .filter(|o| !o.ok())
-        .take(5)
-        .map(Outcome::describe)
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "concurrent DELs failed:\n{}",
-        failed.join("\n---\n")
-    );
+    assert_all_succeeded(&dels, "concurrent DELs");
     let (pools, others_after) = read_store(&data).unwrap_or_else(|e| panic!("{e}"));
     let left: Vec<String> = pools
         .iter()
@@ -283,5 +262,17 @@ fn concurrent_adds_past_exhaustion_hand_out_each_address_once() {
          v6 addresses held by failed ADDs before their DEL: {leaked_v6}; all freed by DEL",
         outs.len(),
         outs.len() - ok.len()
+    );
+}
+
+/// Fails with the count and the first few failures when any call failed.
+fn assert_all_succeeded(outcomes: &[Outcome], what: &str) {
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.ok()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} {what} failed; first ones:\n{}",
+        failed.len(),
+        outcomes.len(),
+        failed.iter().take(5).map(|o| o.describe()).collect::<Vec<_>>().join("\n---\n")
     );
 }
