@@ -19,4 +19,4 @@ pub use config::{flat_file_paths, normalize};
 pub use error::ConfigError;
 pub use model::*;
 pub use naming::{pool_name, reservation_name};
-pub use planner::{plan, plan_all, preview, release};
+pub use planner::{plan, plan_all, preview, preview_table, release};

@@ -146,3 +146,21 @@ impl PlanOutcome {
         }
     }
 }
+
+/// `preview`'s answer in a compact shape (see `preview-table` in the WIT).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreviewTable {
+    pub served: u32,
+    /// One line per served pod, one `ip/prefix` per range separated by spaces.
+    pub addresses: String,
+    /// Offsets, pod-major.
+    pub offsets: Vec<u128>,
+    pub failure: Option<PreviewFailure>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviewFailure {
+    pub range_index: u32,
+    pub exhausted: String,
+    pub rejected: String,
+}

@@ -10,7 +10,7 @@
 use std::net::IpAddr;
 
 use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, to_u128};
-use crate::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, Request};
+use crate::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, PreviewFailure, PreviewTable, Request};
 
 /// The allowed (non-excluded) segments of a range, with their rank starts.
 struct Candidates {
@@ -297,6 +297,40 @@ pub fn preview(config: &NormalizedConfig, pools: &[PoolSnapshot], pods: u32) -> 
         out.push(ranges.iter().zip(offsets).map(|(r, o)| PlanOutcome::Fresh { assignment: assignment(r, o) }).collect());
     }
     out
+}
+
+/// [`preview`] as a [`PreviewTable`].
+pub fn preview_table(config: &NormalizedConfig, pools: &[PoolSnapshot], pods: u32) -> PreviewTable {
+    let mut table = PreviewTable::default();
+    for pod in preview(config, pools, pods) {
+        if pod.iter().any(|o| o.assignment().is_none()) {
+            // A failing pod: `exhausted` for the range that ran out, `rejected` elsewhere.
+            let (mut range_index, mut exhausted, mut rejected) = (0, String::new(), String::new());
+            for (i, outcome) in pod.iter().enumerate() {
+                match outcome {
+                    PlanOutcome::Exhausted { message } => (range_index, exhausted) = (i as u32, message.clone()),
+                    PlanOutcome::Rejected { message } => rejected = message.clone(),
+                    PlanOutcome::Fresh { .. } | PlanOutcome::Reuse { .. } => {}
+                }
+            }
+            table.failure = Some(PreviewFailure { range_index, exhausted, rejected });
+            break;
+        }
+        if table.served > 0 {
+            table.addresses.push('\n');
+        }
+        for (i, outcome) in pod.iter().enumerate() {
+            if let Some(a) = outcome.assignment() {
+                if i > 0 {
+                    table.addresses.push(' ');
+                }
+                table.addresses.push_str(&a.address);
+                table.offsets.push(a.offset);
+            }
+        }
+        table.served += 1;
+    }
+    table
 }
 
 /// Whether any two ranges' networks share an address (same pool listed twice,

@@ -191,3 +191,25 @@ fn preview_of_a_shared_pool_matches_successive_adds() {
     let ips: Vec<Vec<String>> = pods.iter().map(|p| p.iter().map(|o| o.assignment().unwrap().ip.clone()).collect()).collect();
     assert_eq!(ips, [["192.0.2.1", "192.0.2.2"], ["192.0.2.3", "192.0.2.4"], ["192.0.2.5", "192.0.2.6"]]);
 }
+
+#[test]
+fn preview_table_is_preview_in_bulk() {
+    let c = config(&["192.0.2.0/30", "2001:db8::/64"]);
+    let table = preview_table(&c, &[], 4);
+    assert_eq!(table.served, 2);
+    assert_eq!(table.addresses, "192.0.2.1/30 2001:db8::1/64\n192.0.2.2/30 2001:db8::2/64");
+    assert_eq!(table.offsets, [1, 1, 2, 2]);
+    let failure = table.failure.expect("pod 3 fails");
+    assert_eq!(failure.range_index, 0);
+    assert!(failure.exhausted.starts_with("Could not allocate IP in range"));
+    let full = preview(&c, &[], 4);
+    assert_eq!(full[2][0], PlanOutcome::Exhausted { message: failure.exhausted.clone() });
+    assert_eq!(full[2][1], PlanOutcome::Rejected { message: failure.rejected.clone() });
+    assert_eq!(preview_table(&c, &[], 2).failure, None);
+    // The range that runs out is not the first one (found by the playground's parity test).
+    let c = config(&["2001:db8::/64", "192.0.2.0/30"]);
+    let failure = preview_table(&c, &[], 3).failure.expect("pod 3 fails");
+    assert_eq!(failure.range_index, 1);
+    assert!(failure.exhausted.contains("192.0.2.0/30"), "{}", failure.exhausted);
+    assert!(failure.rejected.starts_with("not allocated"), "{}", failure.rejected);
+}

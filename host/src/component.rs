@@ -86,6 +86,19 @@ impl EngineComponent {
         Ok(api.call_pool_name(&mut self.store, cidr, network_name)?.map_err(error_from_wit))
     }
 
+    /// `preview` in bulk form (what the playground calls); offsets are rejoined.
+    pub fn preview_table(&mut self, config: &model::NormalizedConfig, pools: &[model::PoolSnapshot], pods: u32) -> Result<model::PreviewTable> {
+        let api = self.instance.thereabouts_ipam_engine();
+        let pools: Vec<_> = pools.iter().map(pool_to_wit).collect();
+        let t = api.call_preview_table(&mut self.store, &config_to_wit(config), &pools, pods)?;
+        Ok(model::PreviewTable {
+            served: t.served,
+            addresses: t.addresses,
+            offsets: t.offsets_high.iter().zip(&t.offsets_low).map(|(&h, &l)| (u128::from(h) << 64) | u128::from(l)).collect(),
+            failure: t.failure.map(|f| model::PreviewFailure { range_index: f.range_index, exhausted: f.exhausted, rejected: f.rejected }),
+        })
+    }
+
     pub fn preview(&mut self, config: &model::NormalizedConfig, pools: &[model::PoolSnapshot], pods: u32) -> Result<Vec<Vec<model::PlanOutcome>>> {
         let api = self.instance.thereabouts_ipam_engine();
         let pools: Vec<_> = pools.iter().map(pool_to_wit).collect();

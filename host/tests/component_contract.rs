@@ -77,6 +77,7 @@ fn component_answers_exactly_like_the_native_engine() {
         let request = native::Request { container_id: "c1".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), requested_ip: None };
         assert_eq!(engine.plan_all(&config, &pools, &request).unwrap(), native::plan_all(&config, &pools, &request));
         assert_eq!(engine.preview(&config, &pools, 50).unwrap(), native::preview(&config, &pools, 50));
+        assert_eq!(engine.preview_table(&config, &pools, 50).unwrap(), native::preview_table(&config, &pools, 50));
         for range in &config.ranges {
             assert_eq!(engine.plan(range, &pools[0], &request).unwrap(), native::plan(range, &pools[0], &request));
             assert_eq!(engine.pool_name(&range.cidr, &config.network_name).unwrap().unwrap(), range.pool_name);

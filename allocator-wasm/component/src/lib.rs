@@ -69,6 +69,29 @@ impl Guest for Component {
             .ok_or_else(|| error_to_wit(error::ConfigError::invalid("ip", format!("{ip_text} is outside {}", range.cidr))))
     }
 
+    fn preview_table(config: wit::NormalizedConfig, pools: Vec<wit::PoolSnapshot>, pods: u32) -> wit::PodTable {
+        let failed = |message: String| wit::PodTable {
+            served: 0,
+            addresses: String::new(),
+            offsets_high: Vec::new(),
+            offsets_low: Vec::new(),
+            failure: Some(wit::PreviewFailure { range_index: 0, exhausted: message.clone(), rejected: message }),
+        };
+        let config = match config_from_wit(config) {
+            Ok(config) => config,
+            Err(e) => return failed(e.message),
+        };
+        let pools: Vec<_> = pools.into_iter().map(pool_from_wit).collect();
+        let table = planner::preview_table(&config, &pools, pods);
+        wit::PodTable {
+            served: table.served,
+            addresses: table.addresses,
+            offsets_high: table.offsets.iter().map(|&o| (o >> 64) as u64).collect(),
+            offsets_low: table.offsets.iter().map(|&o| o as u64).collect(),
+            failure: table.failure.map(|f| wit::PreviewFailure { range_index: f.range_index, exhausted: f.exhausted, rejected: f.rejected }),
+        }
+    }
+
     fn preview(config: wit::NormalizedConfig, pools: Vec<wit::PoolSnapshot>, pods: u32) -> Vec<Vec<wit::PlanOutcome>> {
         let config = match config_from_wit(config) {
             Ok(config) => config,
