@@ -2,7 +2,8 @@
 # End-to-end tests of the release `thereabouts` binary through the standard CNI interface
 # (tests/e2e): concurrency (16 processes x 100 dual-stack ADDs, then DELs), kill -9 crash
 # safety with GC, GC semantics, and the data plane in real network namespaces with Debian's
-# bridge plugin. Needs root (network namespaces). Quiet on success apart from the measured
+# bridge plugin; and the DaemonSet's installer (deploy/install-cni.sh, plus shellcheck).
+# Needs root (network namespaces). Quiet on success apart from the measured
 # figures and cargo's result lines; prints the whole log and exits non-zero on failure.
 # The benchmark against host-local is separate (not a test):
 #   cargo build --release -p thereabouts -p thereabouts-e2e && target/release/bench_host_local
@@ -12,10 +13,11 @@ cd "$(dirname "$0")/.."
 need=()
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || need+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 if ((${#need[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
-  apt-get install -y -qq containernetworking-plugins iproute2 >/dev/null
+  apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
 source scripts/setup-rust.sh

@@ -17,6 +17,8 @@ if ! command -v cc >/dev/null 2>&1; then
   apt-get update -qq >/dev/null
   apt-get install -y -qq build-essential >/dev/null
 fi
-# Each test starts its own control plane (~0.5 GB RSS, a few seconds of CPU):
-# keep the parallelism modest on small machines.
+# tests/datastore.rs runs the release plugin binary as a CNI process.
+cargo build --release -q -p thereabouts
+# A control plane costs ~0.5 GB RSS and a few seconds of CPU (tests start their
+# own, or share one per test file): keep the parallelism modest on small machines.
 cargo test -p thereabouts-k8s-harness -- --test-threads="${K8S_TEST_THREADS:-2}"

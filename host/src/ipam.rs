@@ -106,6 +106,27 @@ fn until_committed<T>(
     }
 }
 
+/// Whether this call keeps cluster-wide reservations (whereabouts'
+/// `enable_overlapping_ranges`, on by default) in a store that holds them.
+fn reserves(store: &dyn Datastore, config: &NormalizedConfig) -> bool {
+    config.enable_overlapping_ranges && store.keeps_reservations()
+}
+
+/// The reservation name of an address (whereabouts' ORIP name, scoped by `network_name`).
+fn reservation_name(engine: &mut EngineComponent, config: &NormalizedConfig, ip: &str) -> Result<String, CniError> {
+    engine.reservation_name(ip, &config.network_name).map_err(engine_failure)?.map_err(CniError::from)
+}
+
+/// The reservation name of the address at `offset` of `pool`'s network, if the
+/// offset is an address of it.
+fn entry_reservation(engine: &mut EngineComponent, config: &NormalizedConfig, pool: &PoolId, offset: u128) -> Result<Option<String>, CniError> {
+    let Some(range) = config.ranges.iter().find(|r| r.pool_name == pool.name) else { return Ok(None) };
+    match thereabouts_allocator::planner::address_at(range, offset) {
+        Some(ip) => reservation_name(engine, config, &ip.to_string()).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// What a failed plan tells the runtime. Exhaustion keeps whereabouts' message.
 fn plan_failure(outcome: PlanOutcome) -> CniError {
     match outcome {
@@ -119,6 +140,7 @@ fn plan_failure(outcome: PlanOutcome) -> CniError {
 pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<Vec<Assignment>, CniError> {
     let request = Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None };
     let pools = distinct_pools(config);
+    let reserving = reserves(store, config);
     until_committed(store, &pools, deadline, "ADD", || {
         let loaded = load_all(store, &pools)?;
         let mut snapshots = Vec::with_capacity(config.ranges.len());
@@ -131,7 +153,9 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
                 .filter(|e| if request.pod_ref.is_empty() { e.container_id == request.container_id } else { e.pod_ref == request.pod_ref })
                 .cloned()
                 .collect();
-            snapshots.push(PoolSnapshot { held, ..PoolSnapshot::with_taken(entries.iter().map(|e| e.offset)) });
+            // Addresses an earlier attempt found reserved by an overlapping range.
+            let reserved = if reserving { store.reserved(&pool_of(range)) } else { Vec::new() };
+            snapshots.push(PoolSnapshot { held, reserved, ..PoolSnapshot::with_taken(entries.iter().map(|e| e.offset)) });
         }
         let outcomes = engine.plan_all(config, &snapshots, &request).map_err(engine_failure)?.map_err(plan_failure)?;
         let mut changes = Changes::new();
@@ -139,10 +163,12 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
         for ((range, snapshot), outcome) in config.ranges.iter().zip(&snapshots).zip(outcomes) {
             match outcome {
                 PlanOutcome::Fresh { assignment } => {
-                    changes.push(
-                        pool_of(range),
-                        Change::Insert(Allocation { offset: assignment.offset, container_id: request.container_id.clone(), pod_ref: request.pod_ref.clone(), ifname: request.ifname.clone() }),
-                    );
+                    let entry = Allocation { offset: assignment.offset, container_id: request.container_id.clone(), pod_ref: request.pod_ref.clone(), ifname: request.ifname.clone() };
+                    if reserving {
+                        let name = reservation_name(engine, config, &assignment.ip)?;
+                        changes.push(pool_of(range), Change::Reserve { name, holder: entry.clone() });
+                    }
+                    changes.push(pool_of(range), Change::Insert(entry));
                     assignments.push(assignment);
                 }
                 PlanOutcome::Reuse { assignment, held_index } => {
@@ -164,6 +190,7 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
 /// forget is success. Returns how many entries were removed.
 pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<usize, CniError> {
     let pools = distinct_pools(config);
+    let reserving = reserves(store, config);
     until_committed(store, &pools, deadline, "DEL", || {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();
@@ -173,6 +200,9 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
             for index in engine.release(entries, who.container_id, who.ifname).map_err(engine_failure)? {
                 if let Some(entry) = entries.get(index as usize) {
                     changes.push(pool.clone(), Change::Remove { offset: entry.offset });
+                    if reserving && let Some(name) = entry_reservation(engine, config, pool, entry.offset)? {
+                        changes.push(pool.clone(), Change::Unreserve { name, holder: entry.clone() });
+                    }
                     removed += 1;
                 }
             }
@@ -204,8 +234,24 @@ pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normal
 
 /// GC: removes every entry of the config's pools whose (container ID, ifname) is
 /// not a valid attachment. Returns the removed entries with their pools.
-pub fn collect_garbage(store: &dyn Datastore, config: &NormalizedConfig, valid: &HashSet<(String, String)>, deadline: Instant) -> Result<Vec<(PoolId, Allocation)>, CniError> {
+///
+/// Only for stores this node alone writes: CNI GC lists the attachments of this
+/// node's runtime, and in a store shared by every node (Kubernetes) the other
+/// nodes' live entries would look like garbage. There GC removes nothing (stale
+/// entries are the reconciler's job, as in whereabouts).
+pub fn collect_garbage(
+    engine: &mut EngineComponent,
+    store: &dyn Datastore,
+    config: &NormalizedConfig,
+    valid: &HashSet<(String, String)>,
+    deadline: Instant,
+) -> Result<Vec<(PoolId, Allocation)>, CniError> {
+    if store.shared_by_nodes() {
+        crate::logging::verbose(format!("GC: {} is shared by every node; this node's runtime cannot tell which entries are garbage, nothing removed", store.describe()));
+        return Ok(Vec::new());
+    }
     let pools = distinct_pools(config);
+    let reserving = reserves(store, config);
     until_committed(store, &pools, deadline, "GC", || {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();
@@ -214,6 +260,9 @@ pub fn collect_garbage(store: &dyn Datastore, config: &NormalizedConfig, valid: 
             for entry in loaded.get(&pool.name).map(|p| p.entries.as_slice()).unwrap_or_default() {
                 if !valid.contains(&(entry.container_id.clone(), entry.ifname.clone())) {
                     changes.push(pool.clone(), Change::Remove { offset: entry.offset });
+                    if reserving && let Some(name) = entry_reservation(engine, config, pool, entry.offset)? {
+                        changes.push(pool.clone(), Change::Unreserve { name, holder: entry.clone() });
+                    }
                     removed.push((pool.clone(), entry.clone()));
                 }
             }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
+use thereabouts::datastore::pool_file;
 
 const VERSIONS: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
@@ -142,8 +143,13 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     files
 }
 
-fn pool_file(data: &Path, name: &str) -> Value {
-    serde_json::from_slice(&std::fs::read(data.join(format!("{name}.json"))).unwrap()).unwrap()
+fn pool_doc(data: &Path, name: &str) -> Value {
+    let (_, payload) = pool_file::read_path(&data.join(format!("{name}.pool"))).unwrap().expect("an intact version");
+    serde_json::from_slice(&payload).unwrap()
+}
+
+fn seed_pool(data: &Path, name: &str, version: u64, doc: &Value) {
+    pool_file::write_path(&data.join(format!("{name}.pool")), version, doc.to_string().as_bytes()).unwrap();
 }
 
 fn addresses(result: &Value) -> Vec<String> {
@@ -203,15 +209,15 @@ fn every_command_in_every_spec_version() {
             run(&gc_env, &gc_config.to_string()).error(1);
             run(&status_env, &config).error(1);
         }
-        assert_eq!(pool_file(&scratch.data(), "192.0.2.0-24")["allocations"]["1"]["id"], "c1", "GC kept the valid attachment");
+        assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"]["1"]["id"], "c1", "GC kept the valid attachment");
 
         let version_doc = run(&[("CNI_COMMAND", "VERSION")], &format!("{{\"cniVersion\":\"{version}\"}}")).ok().json();
         assert_eq!(version_doc["cniVersion"], version);
         assert_eq!(version_doc["supportedVersions"], json!(VERSIONS));
 
         assert_eq!(del(&config, "c1").ok().stdout, "", "DEL prints nothing");
-        assert_eq!(pool_file(&scratch.data(), "192.0.2.0-24")["allocations"], json!({}));
-        assert_eq!(pool_file(&scratch.data(), "2001-db8---64")["allocations"], json!({}));
+        assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"], json!({}));
+        assert_eq!(pool_doc(&scratch.data(), "2001-db8---64")["allocations"], json!({}));
         del(&config, "c1").ok();
     }
 }
@@ -234,12 +240,12 @@ fn add_is_idempotent_per_pod_and_interface() {
     // The same pod re-created under a new sandbox keeps its address; the entry
     // now names the new container.
     assert_eq!(addresses(&add(&config, "c1-new", "web-0").ok().json()), ["192.0.2.1/24", "2001:db8::1/64"]);
-    let pool = pool_file(&scratch.data(), "192.0.2.0-24");
+    let pool = pool_doc(&scratch.data(), "192.0.2.0-24");
     assert_eq!(pool["allocations"]["1"], json!({"id": "c1-new", "podref": "default/web-0", "ifname": "eth0"}));
     assert_eq!(pool["allocations"].as_object().unwrap().len(), 2);
     // The old container's DEL no longer matches anything.
     del(&config, "c1").ok();
-    assert_eq!(pool_file(&scratch.data(), "192.0.2.0-24")["allocations"].as_object().unwrap().len(), 2);
+    assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"].as_object().unwrap().len(), 2);
     // Without Kubernetes pod names, (container ID, ifname) is the identity.
     let out = run(&cni_env("ADD", "plain", ""), &config).ok().json();
     let again = run(&cni_env("ADD", "plain", ""), &config).ok().json();
@@ -295,7 +301,7 @@ fn gc_frees_attachments_that_are_not_valid() {
     doc["cni.dev/attachments"] = json!([{"containerID": "c3", "ifname": "eth0"}]);
     assert_eq!(run(&gc_env, &doc.to_string()).ok().stdout, "");
     for pool in ["192.0.2.0-24", "2001-db8---64"] {
-        let allocations = pool_file(&scratch.data(), pool)["allocations"].clone();
+        let allocations = pool_doc(&scratch.data(), pool)["allocations"].clone();
         let ids: Vec<&str> = allocations.as_object().unwrap().values().map(|e| e["id"].as_str().unwrap()).collect();
         assert_eq!(ids, ["c2", "c3"], "pool {pool}");
     }
@@ -421,7 +427,7 @@ fn concurrent_adds_never_share_an_address() {
     all.sort();
     all.dedup();
     assert_eq!(all.len(), count);
-    assert_eq!(pool_file(&scratch.data(), "192.0.2.0-24")["allocations"].as_object().unwrap().len(), 8);
+    assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"].as_object().unwrap().len(), 8);
 }
 
 /// Bad input: the right code, a non-zero exit, and the datastore untouched.
@@ -448,7 +454,7 @@ fn bad_input_fails_cleanly_without_touching_the_datastore() {
         (net("1.0.0", ipam(json!({"range": "not-a-cidr"}))), 7, "ipam.range"),
         (net("1.0.0", json!({"type": "host-local", "subnet": "192.0.2.0/24"})), 7, "IPAM type"),
         (net("1.0.0", json!({"type": "thereabouts", "range": "192.0.2.0/24"})), 7, "ipam.datastore is not set"),
-        (net("1.0.0", json!({"type": "thereabouts", "range": "192.0.2.0/24", "kubernetes": {"kubeconfig": "/etc/kc"}})), 7, "kubernetes datastore is not available"),
+        (net("1.0.0", json!({"type": "thereabouts", "range": "192.0.2.0/24", "kubernetes": {"kubeconfig": "/etc/kc"}})), 7, "kubeconfig /etc/kc is unusable: cannot read it"),
         (net("1.0.0", ipam(json!({"datastore": "etcd"}))), 7, "etcd datastore is not available"),
         (net("1.0.0", ipam(json!({"data_dir": scratch.path("a-file")}))), 7, "not a directory"),
         (net("1.0.0", ipam(json!({"data_dir": scratch.path("a-file/sub")}))), 7, "not a directory"),
@@ -559,7 +565,7 @@ fn examples_are_valid_configs() {
     assert!(seen >= 4, "examples/ lost its configs");
 }
 
-/// The file store's one crash window: a kill between the renames of a two-pool
+/// The file store's one crash window: a kill between the slot writes of a two-pool
 /// commit leaves only the first pool updated. The retried ADD reuses that entry
 /// and completes the other pool; DEL would release it just the same.
 #[test]
@@ -567,13 +573,13 @@ fn a_partial_commit_is_repaired_by_the_next_add_or_del() {
     let scratch = Scratch::new("partial");
     let config = dual_stack("1.0.0", &scratch.data());
     std::fs::create_dir_all(scratch.data()).unwrap();
-    let partial = json!({"range": "192.0.2.0/24", "version": 1, "allocations": {"1": {"id": "c1", "podref": "default/p1", "ifname": "eth0"}}});
-    std::fs::write(scratch.data().join("192.0.2.0-24.json"), partial.to_string()).unwrap();
+    let partial = json!({"range": "192.0.2.0/24", "allocations": {"1": {"id": "c1", "podref": "default/p1", "ifname": "eth0"}}});
+    seed_pool(&scratch.data(), "192.0.2.0-24", 1, &partial);
     assert_eq!(addresses(&add(&config, "c1", "p1").ok().json()), ["192.0.2.1/24", "2001:db8::1/64"]);
-    assert_eq!(pool_file(&scratch.data(), "2001-db8---64")["allocations"]["1"]["id"], "c1");
-    assert_eq!(pool_file(&scratch.data(), "192.0.2.0-24")["allocations"].as_object().unwrap().len(), 1);
+    assert_eq!(pool_doc(&scratch.data(), "2001-db8---64")["allocations"]["1"]["id"], "c1");
+    assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"].as_object().unwrap().len(), 1);
 
-    std::fs::write(scratch.data().join("192.0.2.0-24.json"), json!({"range": "192.0.2.0/24", "version": 9, "allocations": {"5": {"id": "c2", "podref": "default/p2", "ifname": "eth0"}}}).to_string()).unwrap();
+    seed_pool(&scratch.data(), "192.0.2.0-24", 9, &json!({"range": "192.0.2.0/24", "allocations": {"5": {"id": "c2", "podref": "default/p2", "ifname": "eth0"}}}));
     del(&config, "c2").ok();
-    assert_eq!(pool_file(&scratch.data(), "192.0.2.0-24")["allocations"], json!({}));
+    assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"], json!({}));
 }

@@ -2,21 +2,24 @@
 //! hosts without a shared store, like host-local but with whereabouts' pools.
 //!
 //! Layout of `data_dir`:
-//! - `<pool>.json`: one pool, shaped like an `IPPool` spec plus a version counter:
-//!   `{"range": "192.0.2.0/24", "version": 3, "allocations": {"1": {"id", "podref", "ifname"}}}`
-//!   (keys are decimal offsets from the network address, as in whereabouts).
+//! - `<pool>.pool`: one pool, in two slots that are overwritten alternately (see
+//!   [`super::pool_file`]). Each slot holds a version number and the pool shaped
+//!   like an `IPPool` spec: `{"range": "192.0.2.0/24", "allocations": {"1":
+//!   {"id", "podref", "ifname"}}}` (keys are decimal offsets from the network
+//!   address, as in whereabouts).
 //! - `<pool>.lock`: the pool's inter-process lock (`flock`), kept forever.
-//! - `.<pool>.json.tmp`: a new version being written; only the lock holder writes
-//!   it, so one left behind is a crashed writer's and the next writer truncates it.
+//! - `.<pool>.pool.tmp`: a new, larger file being built when a pool outgrows its
+//!   slots; only the lock holder writes it, so one left behind is a crashed
+//!   writer's and the next writer truncates it.
 //!
-//! Readers take no lock: files are only ever replaced whole by `rename`, so a
-//! reader sees the old or the new version, never a torn one. Writers lock every
-//! pool they change in name order (no deadlock between multi-pool commits), check
-//! the versions they planned against, write and fsync all temp files, then rename
-//! them and fsync the directory.
+//! Readers take no lock: they read the newest slot whose checksum holds, so they
+//! see a whole version, never a torn one. Writers lock every pool they change in
+//! name order (no deadlock between multi-pool commits), check the versions they
+//! planned against, build any outgrown files first (invisible until renamed),
+//! then write every pool's spare slot and flush them together.
 //!
-//! Crash window: a kill between two renames of one multi-pool commit leaves the
-//! first pools updated and the others not. No file is torn and no address is
+//! Crash window: a kill between the slot writes of one multi-pool commit leaves
+//! the first pools updated and the others not. No slot is torn and no address is
 //! given twice; the ADD never reported success, so the runtime sends DEL (which
 //! releases the entries in every pool) or retries the ADD (which finds and reuses
 //! the partial entries, keyed by pod and interface); GC removes them otherwise.
@@ -26,13 +29,31 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{ErrorKind, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::{Map, Value};
 use thereabouts_allocator::model::Allocation;
 
+use super::pool_file;
 use super::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
+
+/// A pool file as found under the pool's lock: where its current version lies.
+struct OnDisk {
+    file: File,
+    slot_size: u64,
+    current_slot: u64,
+    version: u64,
+}
+
+/// How a commit writes one pool.
+enum PoolWrite {
+    /// Into the spare slot of the existing file.
+    Slot { file: File, slot_size: u64, index: u64, version: u64, payload: Vec<u8> },
+    /// A new or rebuilt file, already written and flushed as `temp`.
+    Replace { temp: PathBuf, path: PathBuf },
+}
 
 pub struct FileStore {
     dir: PathBuf,
@@ -52,13 +73,13 @@ impl FileStore {
     }
 
     fn pool_path(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.json"))
+        self.dir.join(format!("{name}.pool"))
     }
     fn lock_path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.lock"))
     }
     fn temp_path(&self, name: &str) -> PathBuf {
-        self.dir.join(format!(".{name}.json.tmp"))
+        self.dir.join(format!(".{name}.pool.tmp"))
     }
 
     /// Whether `data_dir` exists (a missing one holds empty pools).
@@ -110,21 +131,46 @@ impl FileStore {
     }
 
     fn read_pool(&self, pool: &PoolId) -> Result<Pool, DatastoreError> {
-        let path = self.pool_path(&pool.name);
-        match fs::read(&path) {
-            Ok(bytes) => decode(&path, &bytes, pool),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Pool::default()),
-            Err(e) => Err(DatastoreError::io(&path, e)),
-        }
+        Ok(self.read_on_disk(pool)?.map(|(_, pool)| pool).unwrap_or_default())
     }
 
-    /// Writes a pool's next version to its temp file and makes it durable.
-    fn write_temp(&self, pool: &PoolId, version: u64, entries: &BTreeMap<u128, Allocation>) -> Result<PathBuf, DatastoreError> {
+    /// The pool's newest intact version and where it lies; `None` if the pool
+    /// has no file yet.
+    fn read_on_disk(&self, pool: &PoolId) -> Result<Option<(OnDisk, Pool)>, DatastoreError> {
+        let path = self.pool_path(&pool.name);
+        let io = |e: std::io::Error| DatastoreError::io(&path, e);
+        // A lock-free reader can lose a race against writers that overwrite both
+        // slots while it reads; a few fresh reads settle it. Under the lock (every
+        // commit) the first read is stable.
+        for _ in 0..8 {
+            let file = match OpenOptions::new().read(true).write(true).open(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+                // A read-only data_dir still serves reads (CHECK, `pools`).
+                Err(e) if e.kind() == ErrorKind::PermissionDenied => File::open(&path).map_err(io)?,
+                Err(e) => return Err(io(e)),
+            };
+            let len = file.metadata().map_err(io)?.size();
+            let corrupt = |detail: String| DatastoreError::Corrupt { path: path.clone(), detail };
+            let Some(slot_size) = pool_file::slot_size(len) else {
+                return Err(corrupt(format!("{len} bytes is not a pool file size")));
+            };
+            if let Some(slot) = pool_file::read_newest(&file, len).map_err(io)? {
+                let entries = decode(&path, &slot.payload, pool)?;
+                let on_disk = OnDisk { file, slot_size, current_slot: slot.index, version: slot.version };
+                return Ok(Some((on_disk, Pool { version: Version(slot.version.to_string()), entries })));
+            }
+        }
+        Err(DatastoreError::Corrupt { path, detail: "neither slot holds an intact version".into() })
+    }
+
+    /// Builds a new pool file holding one version beside the real one, flushed.
+    fn write_new_file(&self, pool: &PoolId, version: u64, payload: &[u8]) -> Result<PathBuf, DatastoreError> {
         let temp = self.temp_path(&pool.name);
         let write = || -> std::io::Result<()> {
             let mut file = OpenOptions::new().create(true).truncate(true).write(true).open(&temp)?;
-            file.write_all(&encode(pool, version, entries))?;
-            // Data only: the rename and the directory sync below make the name durable.
+            file.write_all(&pool_file::new_file(pool_file::slot_size_for(payload.len()), version, payload))?;
+            // Data only: the rename and the directory sync make the name durable.
             file.sync_data()
         };
         write().map_err(|e| DatastoreError::io(&temp, e))?;
@@ -166,20 +212,48 @@ impl Datastore for FileStore {
             .map(|u| self.lock(&u.pool.name, deadline))
             .collect::<Result<Vec<_>, _>>()?;
 
-        let mut staged = Vec::with_capacity(order.len());
+        // Check every version and build every outgrown file before touching any
+        // pool, so a failure up to here leaves every pool as it was.
+        let mut writes = Vec::with_capacity(order.len());
         for update in &order {
-            let current = self.read_pool(&update.pool)?;
-            if current.version != update.expected {
+            let current = self.read_on_disk(&update.pool)?;
+            let version = current.as_ref().map(|(_, pool)| pool.version.clone()).unwrap_or_default();
+            if version != update.expected {
                 return Err(DatastoreError::Conflict { pool: update.pool.name.clone() });
             }
-            let entries = apply(&update.pool.name, current.entries, &update.changes)?;
-            let version = if current.version.is_absent() { 0 } else { current.version.0.parse::<u64>().unwrap_or(0) };
-            staged.push((self.write_temp(&update.pool, version + 1, &entries)?, self.pool_path(&update.pool.name)));
+            let entries = apply(&update.pool.name, current.as_ref().map(|(_, p)| p.entries.clone()).unwrap_or_default(), &update.changes)?;
+            let payload = encode(&update.pool, &entries);
+            writes.push(match current {
+                Some((disk, _)) if pool_file::fits(disk.slot_size, payload.len()) => {
+                    PoolWrite::Slot { index: 1 - disk.current_slot, version: disk.version + 1, file: disk.file, slot_size: disk.slot_size, payload }
+                }
+                current => {
+                    let version = current.map_or(1, |(disk, _)| disk.version + 1);
+                    PoolWrite::Replace { temp: self.write_new_file(&update.pool, version, &payload)?, path: self.pool_path(&update.pool.name) }
+                }
+            });
         }
-        for (temp, path) in &staged {
-            fs::rename(temp, path).map_err(|e| DatastoreError::io(path, e))?;
+        let mut renamed = false;
+        let mut written = Vec::new();
+        for write in &writes {
+            match write {
+                PoolWrite::Slot { file, slot_size, index, version, payload } => {
+                    pool_file::write_slot(file, *slot_size, *index, *version, payload).map_err(|e| DatastoreError::io(&self.dir, e))?;
+                    written.push(file);
+                }
+                PoolWrite::Replace { temp, path } => {
+                    fs::rename(temp, path).map_err(|e| DatastoreError::io(path, e))?;
+                    renamed = true;
+                }
+            }
         }
-        self.sync_dir()
+        // One data flush per written pool, side by side: blocks the files already
+        // own, so no journal commit on ext4.
+        sync_all_data(&written).map_err(|e| DatastoreError::io(&self.dir, e))?;
+        if renamed {
+            self.sync_dir()?;
+        }
+        Ok(())
     }
 
     /// Locks the pools that already exist, in name order. A pool not created yet
@@ -245,12 +319,14 @@ fn apply(pool: &str, entries: Vec<Allocation>, changes: &[Change]) -> Result<BTr
                 Some(entry) => entry.container_id = container_id.clone(),
                 None => return Err(inconsistent(format!("no allocation at offset {offset} to update"))),
             },
+            // Node-local: no cluster-wide reservations to keep.
+            Change::Reserve { .. } | Change::Unreserve { .. } => {}
         }
     }
     Ok(by_offset)
 }
 
-fn encode(pool: &PoolId, version: u64, entries: &BTreeMap<u128, Allocation>) -> Vec<u8> {
+fn encode(pool: &PoolId, entries: &BTreeMap<u128, Allocation>) -> Vec<u8> {
     let allocations: Map<String, Value> = entries
         .values()
         .map(|a| {
@@ -263,19 +339,17 @@ fn encode(pool: &PoolId, version: u64, entries: &BTreeMap<u128, Allocation>) -> 
         .collect();
     let mut doc = Map::new();
     doc.insert("range".into(), Value::from(pool.cidr.as_str()));
-    doc.insert("version".into(), Value::from(version));
     doc.insert("allocations".into(), Value::Object(allocations));
     crate::cni::result::pretty(&Value::Object(doc)).into_bytes()
 }
 
-fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Pool, DatastoreError> {
+fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Vec<Allocation>, DatastoreError> {
     let corrupt = |detail: String| DatastoreError::Corrupt { path: path.to_path_buf(), detail };
     let doc: Value = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
     let range = doc.get("range").and_then(Value::as_str).ok_or_else(|| corrupt("missing \"range\"".into()))?;
     if range != pool.cidr {
         return Err(corrupt(format!("holds range {range}, expected {}", pool.cidr)));
     }
-    let version = doc.get("version").and_then(Value::as_u64).ok_or_else(|| corrupt("missing numeric \"version\"".into()))?;
     let mut entries = Vec::new();
     if let Some(allocations) = doc.get("allocations") {
         let allocations = allocations.as_object().ok_or_else(|| corrupt("\"allocations\" is not an object".into()))?;
@@ -285,7 +359,25 @@ fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Pool, DatastoreErr
             entries.push(Allocation { offset, container_id: field("id"), pod_ref: field("podref"), ifname: field("ifname") });
         }
     }
-    Ok(Pool { version: Version(version.to_string()), entries })
+    Ok(entries)
+}
+
+/// `fdatasync` of several files at once: each waits for the device, so the
+/// flushes overlap instead of queueing.
+fn sync_all_data(files: &[&File]) -> std::io::Result<()> {
+    match files {
+        [] => Ok(()),
+        [one] => one.sync_data(),
+        [first, rest @ ..] => std::thread::scope(|scope| {
+            let others: Vec<_> = rest.iter().map(|f| scope.spawn(move || f.sync_data())).collect();
+            let mut result = first.sync_data();
+            for other in others {
+                let r = other.join().unwrap_or_else(|_| Err(std::io::Error::other("flush thread panicked")));
+                result = result.and(r);
+            }
+            result
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -322,8 +414,9 @@ mod tests {
         let loaded = store.load(&p).unwrap();
         assert_eq!(loaded.version, Version("1".into()));
         assert_eq!(loaded.entries, vec![alloc(1, "c1")]);
-        let text = fs::read_to_string(dir.join("nested/192.0.2.0-24.json")).unwrap();
-        let doc: Value = serde_json::from_str(&text).unwrap();
+        let (version, payload) = pool_file::read_path(&dir.join("nested/192.0.2.0-24.pool")).unwrap().unwrap();
+        assert_eq!(version, 1);
+        let doc: Value = serde_json::from_slice(&payload).unwrap();
         assert_eq!(doc["range"], "192.0.2.0/24");
         assert_eq!(doc["allocations"]["1"], serde_json::json!({"id": "c1", "podref": "ns/p", "ifname": "eth0"}));
         fs::remove_dir_all(dir).unwrap();
@@ -336,15 +429,15 @@ mod tests {
         let a = pool("a", "192.0.2.0/24");
         let b = pool("b", "198.51.100.0/24");
         store.commit(&[PoolUpdate { pool: b.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(5, "x"))] }], soon()).unwrap();
-        let before_b = fs::read(dir.join("b.json")).unwrap();
+        let before_b = fs::read(dir.join("b.pool")).unwrap();
         // `b` moved (it exists now): a two-pool commit planned against the old state fails whole.
         let updates = [
             PoolUpdate { pool: a.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] },
             PoolUpdate { pool: b.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] },
         ];
         assert!(matches!(store.commit(&updates, soon()), Err(DatastoreError::Conflict { .. })));
-        assert!(!dir.join("a.json").exists());
-        assert_eq!(fs::read(dir.join("b.json")).unwrap(), before_b);
+        assert!(!dir.join("a.pool").exists());
+        assert_eq!(fs::read(dir.join("b.pool")).unwrap(), before_b);
         fs::remove_dir_all(dir).unwrap();
     }
 
@@ -432,9 +525,71 @@ mod tests {
     fn corrupt_pool_files_are_errors_not_empty_pools() {
         let dir = temp_dir("corrupt");
         fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join("p.json"), b"{\"range\":").unwrap();
+        fs::write(dir.join("p.pool"), b"{\"range\":").unwrap();
         let store = FileStore::new(&dir);
         assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn commits_overwrite_the_spare_slot_in_place_until_the_pool_outgrows_it() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = temp_dir("slots");
+        let store = FileStore::new(&dir);
+        let p = pool("p", "192.0.2.0/24");
+        let path = dir.join("p.pool");
+        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        let first = fs::metadata(&path).unwrap();
+        for n in 2..5u128 {
+            let expected = store.load(&p).unwrap().version;
+            store.commit(&[PoolUpdate { pool: p.clone(), expected, changes: vec![Change::Insert(alloc(n, "b"))] }], soon()).unwrap();
+            let now = fs::metadata(&path).unwrap();
+            assert_eq!((now.ino(), now.len()), (first.ino(), first.len()), "an in-place slot write");
+        }
+        assert_eq!(store.load(&p).unwrap().version, Version("4".into()));
+        // ~60 bytes per entry: 200 entries outgrow a 4 KiB slot.
+        let expected = store.load(&p).unwrap().version;
+        let many = (10..210u128).map(|n| Change::Insert(alloc(n, "c"))).collect();
+        store.commit(&[PoolUpdate { pool: p.clone(), expected, changes: many }], soon()).unwrap();
+        let grown = fs::metadata(&path).unwrap();
+        assert!(grown.len() > first.len() && grown.ino() != first.ino(), "rebuilt larger");
+        let loaded = store.load(&p).unwrap();
+        assert_eq!((loaded.version, loaded.entries.len()), (Version("5".into()), 204));
+        assert!(!store.temp_path("p").exists());
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_torn_slot_reads_as_the_previous_version() {
+        use std::os::unix::fs::FileExt;
+        let dir = temp_dir("tornslot");
+        let store = FileStore::new(&dir);
+        let p = pool("p", "192.0.2.0/24");
+        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
+        // Version 2 went to slot 1; damage one byte of its payload.
+        let file = OpenOptions::new().write(true).open(dir.join("p.pool")).unwrap();
+        file.write_all_at(b"#", 4096 + pool_file::HEADER_LEN as u64 + 5).unwrap();
+        let loaded = store.load(&p).unwrap();
+        assert_eq!((loaded.version, loaded.entries), (Version("1".into()), vec![alloc(1, "a")]));
+        // The next commit builds on version 1 and overwrites the torn slot.
+        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(3, "c"))] }], soon()).unwrap();
+        assert_eq!(store.load(&p).unwrap().entries, vec![alloc(1, "a"), alloc(3, "c")]);
+        // Both slots damaged: an error, never an empty pool.
+        file.write_all_at(b"#", pool_file::HEADER_LEN as u64 + 5).unwrap();
+        file.write_all_at(b"#", 4096 + pool_file::HEADER_LEN as u64 + 5).unwrap();
+        assert!(matches!(store.load(&p), Err(DatastoreError::Corrupt { .. })));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_intact_slot_with_a_foreign_range_is_corrupt() {
+        let dir = temp_dir("foreign");
+        fs::create_dir_all(&dir).unwrap();
+        pool_file::write_path(&dir.join("p.pool"), 3, br#"{"range": "198.51.100.0/24", "allocations": {}}"#).unwrap();
+        let store = FileStore::new(&dir);
+        assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
+        assert_eq!(store.load(&pool("p", "198.51.100.0/24")).unwrap().version, Version("3".into()));
         fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,10 +1,12 @@
-//! Where allocations live. One trait for every backend (the embedded file store
-//! today; Kubernetes `IPPool`s and etcd next): read a pool with an opaque version,
+//! Where allocations live. One trait for every backend (the embedded file store,
+//! Kubernetes `IPPool`s; etcd next): read a pool with an opaque version,
 //! then commit changes to several pools at once, all or nothing, only if none of
 //! them moved since it was read (compare-and-swap). Planning happens between the
 //! two in the engine, so a backend never decides which address anyone gets.
 
 pub mod file;
+pub mod kubernetes;
+pub mod pool_file;
 pub mod retry;
 
 use std::path::PathBuf;
@@ -58,6 +60,15 @@ pub enum Change {
     /// Hand an existing allocation to a new container of the same pod (a
     /// StatefulSet pod re-created under the same name keeps its address).
     SetContainerId { offset: u128, container_id: String },
+    /// Reserve the address of `holder` (an entry this update inserts) cluster-wide
+    /// under `name` (whereabouts' `OverlappingRangeIPReservation`), so no
+    /// overlapping range of another pool hands it out. Taken before any pool is
+    /// written. Only stores that [keep reservations](Datastore::keeps_reservations)
+    /// act on it; the others ignore it.
+    Reserve { name: String, holder: Allocation },
+    /// Drop the reservation `name` of `holder` (an entry this update removes), if
+    /// it is still `holder`'s. Done after the pools are written; absence is fine.
+    Unreserve { name: String, holder: Allocation },
 }
 
 /// The changes to one pool, valid only if the pool is still at `expected`.
@@ -88,6 +99,24 @@ pub enum DatastoreError {
     /// A change that contradicts the pool's content (a bug, never expected).
     #[error("inconsistent change to pool {pool}: {detail}")]
     Inconsistent { pool: String, detail: String },
+    /// The Kubernetes API server could not be reached, did not answer in time,
+    /// throttled us or failed internally (429, 5xx): may heal by itself.
+    #[error("Kubernetes API server {server} unavailable while {action}: {detail}")]
+    Unavailable { server: String, action: String, detail: String },
+    /// The Kubernetes API server refused our credentials (401) or our identity's
+    /// permissions (403): the install (token, RBAC) needs fixing.
+    #[error("Kubernetes API server {server} denied {action}: {detail}")]
+    Denied { server: String, action: String, detail: String },
+    /// Any other answer the Kubernetes datastore cannot work with (CRDs not
+    /// installed, an object the schema rejects, TLS verification failure, ...).
+    #[error("Kubernetes API server {server} rejected {action}: {detail}")]
+    Rejected { server: String, action: String, detail: String },
+    /// The kubeconfig named by `kubernetes.kubeconfig` cannot be used.
+    #[error("kubeconfig {path} is unusable: {detail}")]
+    Kubeconfig { path: PathBuf, detail: String },
+    /// A stored object this build cannot read (e.g. an `IPPool` without a usable `spec`).
+    #[error("{object} is unreadable: {detail}")]
+    Malformed { object: String, detail: String },
 }
 
 impl DatastoreError {
@@ -99,9 +128,15 @@ impl DatastoreError {
     /// itself, 7 for a datastore location that is wrong in the config, 999 otherwise.
     pub fn cni_code(&self) -> u32 {
         match self {
-            DatastoreError::Conflict { .. } | DatastoreError::Timeout { .. } | DatastoreError::Io { .. } => code::TRY_AGAIN_LATER,
-            DatastoreError::NotADirectory { .. } => code::INVALID_CONFIG,
-            DatastoreError::Corrupt { .. } | DatastoreError::Inconsistent { .. } => code::INTERNAL,
+            DatastoreError::Conflict { .. } | DatastoreError::Timeout { .. } | DatastoreError::Io { .. } | DatastoreError::Unavailable { .. } => {
+                code::TRY_AGAIN_LATER
+            }
+            DatastoreError::NotADirectory { .. } | DatastoreError::Kubeconfig { .. } => code::INVALID_CONFIG,
+            DatastoreError::Corrupt { .. }
+            | DatastoreError::Inconsistent { .. }
+            | DatastoreError::Denied { .. }
+            | DatastoreError::Rejected { .. }
+            | DatastoreError::Malformed { .. } => code::INTERNAL,
         }
     }
 }
@@ -136,6 +171,29 @@ pub trait Datastore {
     fn lock_for_update(&self, _pools: &[PoolId], _deadline: Instant) -> Result<UpdateLock, DatastoreError> {
         Ok(UpdateLock::none())
     }
+
+    /// Whether the store keeps cluster-wide address reservations
+    /// ([`Change::Reserve`], [`Change::Unreserve`]); callers skip computing them
+    /// for stores that do not.
+    fn keeps_reservations(&self) -> bool {
+        false
+    }
+
+    /// Offsets of `pool` this store found reserved by someone else (an address an
+    /// overlapping range of another pool holds) since it was opened; the planner
+    /// treats them as taken. A commit that runs into such a reservation reports
+    /// [`DatastoreError::Conflict`] after recording it here.
+    fn reserved(&self, _pool: &PoolId) -> Vec<u128> {
+        Vec::new()
+    }
+
+    /// Whether other nodes write the same pools (Kubernetes, etcd). CNI GC only
+    /// knows the attachments of this node's runtime, so it must not remove
+    /// entries from such a store: it cannot tell another node's live entry from
+    /// garbage.
+    fn shared_by_nodes(&self) -> bool {
+        false
+    }
 }
 
 /// What [`Datastore::lock_for_update`] holds; releases on drop.
@@ -158,9 +216,10 @@ pub fn open(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, CniError
             let dir = settings.data_dir.as_deref().filter(|d| !d.is_empty()).unwrap_or(DEFAULT_DATA_DIR);
             Ok(Box::new(file::FileStore::new(dir)))
         }
-        Some("kubernetes") => Err(not_available("kubernetes")),
+        Some("kubernetes") => open_kubernetes(settings),
         Some("etcd") => Err(not_available("etcd")),
-        None if settings.kubeconfig.as_deref().is_some_and(|k| !k.is_empty()) => Err(not_available("kubernetes")),
+        // whereabouts' behaviour: a kubeconfig means the Kubernetes datastore.
+        None if settings.kubeconfig.as_deref().is_some_and(|k| !k.is_empty()) => open_kubernetes(settings),
         None => Err(CniError::new(
             code::INVALID_CONFIG,
             "ipam.datastore is not set: choose \"file\" (node-local, with \"data_dir\"), \"kubernetes\" (with \"kubernetes\": {\"kubeconfig\": ...}) or \"etcd\" (with \"etcd_host\")",
@@ -168,6 +227,19 @@ pub fn open(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, CniError
         .with_details("field: ipam.datastore")),
         Some(other) => Err(CniError::new(code::INVALID_CONFIG, format!("unknown datastore {other:?}: choose \"file\", \"kubernetes\" or \"etcd\""))),
     }
+}
+
+/// The Kubernetes datastore: `IPPool`s and reservations in the namespace of the
+/// kubeconfig's current context. Only this path loads anything kube-related.
+fn open_kubernetes(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, CniError> {
+    let path = settings.kubeconfig.as_deref().filter(|k| !k.is_empty()).ok_or_else(|| {
+        CniError::new(
+            code::INVALID_CONFIG,
+            "the kubernetes datastore needs \"kubernetes\": {\"kubeconfig\": \"<path>\"} in the ipam section or the flat file",
+        )
+        .with_details("field: ipam.kubernetes.kubeconfig")
+    })?;
+    Ok(Box::new(kubernetes::KubernetesStore::open(std::path::Path::new(path))?))
 }
 
 fn not_available(kind: &str) -> CniError {
@@ -189,8 +261,15 @@ mod tests {
         for choice in ["\"file\"", "\"kubernetes\"", "\"etcd\""] {
             assert!(e.msg.contains(choice), "{}", e.msg);
         }
-        let k8s = DatastoreSettings { kubeconfig: Some("/etc/kc".into()), ..Default::default() };
-        assert!(open(&k8s).err().unwrap().msg.contains("kubernetes datastore is not available"));
+        // A kubeconfig alone selects the Kubernetes datastore (whereabouts'
+        // behaviour); a missing file is a config error naming it.
+        let k8s = DatastoreSettings { kubeconfig: Some("/nonexistent/thereabouts.kubeconfig".into()), ..Default::default() };
+        let e = open(&k8s).err().unwrap();
+        assert_eq!(e.code, 7, "{e:?}");
+        assert!(e.msg.contains("/nonexistent/thereabouts.kubeconfig"), "{}", e.msg);
+        let no_kubeconfig = DatastoreSettings { kind: Some("kubernetes".into()), ..Default::default() };
+        let e = open(&no_kubeconfig).err().unwrap();
+        assert_eq!((e.code, e.details.as_str()), (7, "field: ipam.kubernetes.kubeconfig"));
         let etcd = DatastoreSettings { kind: Some("etcd".into()), ..Default::default() };
         assert_eq!(open(&etcd).err().unwrap().code, 7);
         let file = DatastoreSettings { kind: Some("file".into()), ..Default::default() };

@@ -19,6 +19,7 @@ pub fn budget(default: Duration) -> Duration {
 /// in [0.5, 1.5).
 pub struct Backoff {
     next: Duration,
+    max: Duration,
     rng: XorShift,
 }
 
@@ -33,7 +34,12 @@ impl Default for Backoff {
 
 impl Backoff {
     pub fn new() -> Self {
-        Self { next: FIRST_PAUSE, rng: XorShift::seeded() }
+        Self::between(FIRST_PAUSE, MAX_PAUSE)
+    }
+
+    /// Pauses from `first` doubling up to `max` (each still jittered).
+    pub fn between(first: Duration, max: Duration) -> Self {
+        Self { next: first, max, rng: XorShift::seeded() }
     }
 
     /// Sleeps before the next attempt; false (without sleeping) when the pause
@@ -41,7 +47,7 @@ impl Backoff {
     pub fn pause(&mut self, deadline: Instant) -> bool {
         let factor = 0.5 + self.rng.unit();
         let pause = self.next.mul_f64(factor);
-        self.next = (self.next * 2).min(MAX_PAUSE);
+        self.next = (self.next * 2).min(self.max);
         if Instant::now() + pause >= deadline {
             return false;
         }

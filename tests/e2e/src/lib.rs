@@ -397,7 +397,7 @@ pub struct Alloc {
     pub ifname: String,
 }
 
-/// One `<data_dir>/<pool>.json` file.
+/// One `<data_dir>/<pool>.pool` file (its newest intact slot).
 #[derive(Debug)]
 pub struct Pool {
     pub file: PathBuf,
@@ -435,11 +435,42 @@ struct RawPool {
     allocations: Option<Entries>,
 }
 
-/// Parses one pool file strictly: valid JSON, a `range`, an `allocations` object whose keys
-/// are unique decimal offsets and whose values carry string `id`, `podref`, `ifname`.
+/// The newest intact version in a pool file, read independently of the plugin's
+/// own reader: two equal slots, each `TPOOL1 <version:20> <length:12> <crc32:8 hex>\n`
+/// then the JSON payload; the CRC covers the version (8 bytes little-endian) and
+/// the payload. `None` when neither slot is intact, i.e. a torn file.
+pub fn newest_slot(bytes: &[u8]) -> Option<(u64, Vec<u8>)> {
+    if bytes.len() < 8192 || bytes.len() % 8192 != 0 {
+        return None;
+    }
+    let slot = bytes.len() / 2;
+    let mut best: Option<(u64, Vec<u8>)> = None;
+    for half in [&bytes[..slot], &bytes[slot..]] {
+        let Some(head) = half.get(..50).and_then(|h| std::str::from_utf8(h).ok()) else { continue };
+        let fields: Vec<&str> = head.trim_end_matches('\n').split(' ').collect();
+        let [magic, version, length, crc] = fields.as_slice() else { continue };
+        let (Ok(version), Ok(length), Ok(crc)) = (version.parse::<u64>(), length.parse::<usize>(), u32::from_str_radix(crc, 16)) else { continue };
+        if *magic != "TPOOL1" || 50 + length > slot {
+            continue;
+        }
+        let payload = &half[50..50 + length];
+        let mut h = crc32fast::Hasher::new();
+        h.update(&version.to_le_bytes());
+        h.update(payload);
+        if h.finalize() == crc && best.as_ref().is_none_or(|(v, _)| version > *v) {
+            best = Some((version, payload.to_vec()));
+        }
+    }
+    best
+}
+
+/// Parses one pool file strictly: an intact slot holding valid JSON, a `range`, an
+/// `allocations` object whose keys are unique decimal offsets and whose values carry
+/// string `id`, `podref`, `ifname`.
 pub fn parse_pool(file: &Path) -> Result<Pool, String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| format!("{}: unreadable: {e}", file.display()))?;
+    let bytes = std::fs::read(file).map_err(|e| format!("{}: unreadable: {e}", file.display()))?;
+    let (_, payload) = newest_slot(&bytes).ok_or_else(|| format!("{}: torn: no intact slot ({} bytes)", file.display(), bytes.len()))?;
+    let text = String::from_utf8_lossy(&payload).into_owned();
     let raw: RawPool = serde_json::from_str(&text).map_err(|e| {
         format!(
             "{}: not a pool file ({e}); content: {:?}",
@@ -493,7 +524,7 @@ fn truncate(s: &str, n: usize) -> &str {
     }
 }
 
-/// Everything in a data dir: the parsed pool files (`*.json`, recursively) and every other
+/// Everything in a data dir: the parsed pool files (`*.pool`, recursively) and every other
 /// file (locks, temp files) by path. Errors name the first file that does not parse.
 pub fn read_store(dir: &Path) -> Result<(Vec<Pool>, Vec<PathBuf>), String> {
     let mut pools = Vec::new();
@@ -511,7 +542,7 @@ pub fn read_store(dir: &Path) -> Result<(Vec<Pool>, Vec<PathBuf>), String> {
             let ft = ent.file_type().map_err(|e| e.to_string())?;
             if ft.is_dir() {
                 stack.push(p);
-            } else if p.extension().is_some_and(|e| e == "json") {
+            } else if p.extension().is_some_and(|e| e == "pool") {
                 pools.push(parse_pool(&p)?);
             } else {
                 others.push(p);

@@ -22,11 +22,13 @@
 //! let cluster = thereabouts_k8s_harness::Cluster::start()?;   // blocking, ~10-30 s
 //! let admin = cluster.admin_client().await?;
 //! cluster.install_crds().await?;                              // deploy/crds/*.yaml
+//! cluster.install_rbac().await?;                              // deploy/rbac.yaml
 //! # Ok(()) }
 //! ```
 
 mod apply;
 mod bins;
+pub mod plugin;
 mod process;
 
 use std::future::Future;
@@ -327,6 +329,66 @@ impl Cluster {
         self.apply_path(&crds_dir()).await.map(|_| ())
     }
 
+    /// Applies `deploy/rbac.yaml`: the ServiceAccounts and the least-privilege
+    /// roles and bindings. The harness itself grants the plugin identity nothing,
+    /// so after this call it has exactly the rights a cluster installed from
+    /// `deploy/` gives it. Returns once the plugin identity is allowed to read
+    /// IPPools in [`NAMESPACE`] (the authorizer's caches catch up in the background).
+    pub async fn install_rbac(&self) -> Result<()> {
+        self.apply_path(&deploy_dir().join("rbac.yaml")).await?;
+        self.wait_plugin_allowed("get", "whereabouts.cni.cncf.io", "ippools", NAMESPACE)
+            .await
+    }
+
+    /// Waits until a SubjectAccessReview says the plugin identity may `verb` the
+    /// `resource` of `group` in `namespace` (RBAC objects take effect a moment
+    /// after they are written).
+    pub async fn wait_plugin_allowed(
+        &self,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        namespace: &str,
+    ) -> Result<()> {
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
+        let (sa_ns, sa_name) = PLUGIN_SERVICE_ACCOUNT;
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(format!("system:serviceaccount:{sa_ns}:{sa_name}")),
+                groups: Some(vec![
+                    "system:serviceaccounts".to_string(),
+                    format!("system:serviceaccounts:{sa_ns}"),
+                    "system:authenticated".to_string(),
+                ]),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.to_string()),
+                    group: Some(group.to_string()),
+                    resource: Some(resource.to_string()),
+                    namespace: Some(namespace.to_string()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.admin_client().await?);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let answer = api.create(&Default::default(), &review).await?;
+            if answer.status.is_some_and(|s| s.allowed) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the plugin identity is still not allowed to {verb} {resource} in {namespace}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Kills kube-apiserver (SIGKILL, like a crash); etcd keeps running.
     pub fn stop_apiserver(&self) {
         if let Some(mut p) = lock(&self.apiserver).take() {
@@ -488,9 +550,14 @@ impl Drop for Cluster {
     }
 }
 
+/// `deploy/` of this repository (CRDs, RBAC, DaemonSet, installer).
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
 /// `deploy/crds/` of this repository.
 pub fn crds_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds")
+    deploy_dir().join("crds")
 }
 
 async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {

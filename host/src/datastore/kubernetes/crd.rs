@@ -1,0 +1,256 @@
+//! The whereabouts custom resources on the wire (group `whereabouts.cni.cncf.io`,
+//! version `v1alpha1`), handled as JSON so an object read and patched keeps every
+//! field this build does not know:
+//!
+//! - `IPPool` `<pool name>`: `spec.range` (the range's CIDR) and `spec.allocations`,
+//!   a map from the decimal offset of an address (from the network address) to
+//!   `{"id": <container ID>, "podref": "<namespace>/<pod>", "ifname": <interface>}`;
+//! - `OverlappingRangeIPReservation` `<reservation name>`: one per reserved address,
+//!   `spec` `{"podref", "ifname", "containerid"}` (`containerid` is optional in
+//!   whereabouts v0.8.0+ CRDs and required by older ones, so it is always written).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+use thereabouts_allocator::model::Allocation;
+
+pub const GROUP: &str = "whereabouts.cni.cncf.io";
+pub const VERSION: &str = "v1alpha1";
+pub const IPPOOLS: &str = "ippools";
+pub const RESERVATIONS: &str = "overlappingrangeipreservations";
+
+fn api_version() -> String {
+    format!("{GROUP}/{VERSION}")
+}
+
+/// `/apis/<group>/<version>/namespaces/<ns>/<plural>`.
+pub fn collection_path(namespace: &str, plural: &str) -> String {
+    format!("/apis/{GROUP}/{VERSION}/namespaces/{}/{plural}", escape(namespace))
+}
+
+/// `/apis/<group>/<version>/namespaces/<ns>/<plural>/<name>`.
+pub fn object_path(namespace: &str, plural: &str, name: &str) -> String {
+    format!("{}/{}", collection_path(namespace, plural), escape(name))
+}
+
+/// Percent-encodes everything but unreserved URL characters. Valid object names
+/// never need it; an invalid one (a `network_name` with `/`, say) must still
+/// reach the apiserver as one path segment and be rejected there by name.
+fn escape(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// An allocation as whereabouts writes it (field order of its Go struct).
+pub fn allocation_value(a: &Allocation) -> Value {
+    json!({"id": a.container_id, "podref": a.pod_ref, "ifname": a.ifname})
+}
+
+/// A new `IPPool` holding `entries`.
+pub fn new_pool(name: &str, namespace: &str, cidr: &str, entries: &[&Allocation]) -> Value {
+    let allocations: Map<String, Value> = entries.iter().map(|a| (a.offset.to_string(), allocation_value(a))).collect();
+    json!({
+        "apiVersion": api_version(),
+        "kind": "IPPool",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"range": cidr, "allocations": allocations},
+    })
+}
+
+/// A new `OverlappingRangeIPReservation` for `holder`'s address.
+pub fn new_reservation(name: &str, namespace: &str, holder: &Allocation) -> Value {
+    json!({
+        "apiVersion": api_version(),
+        "kind": "OverlappingRangeIPReservation",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containerid": holder.container_id, "podref": holder.pod_ref, "ifname": holder.ifname},
+    })
+}
+
+/// What a pool object holds, as far as allocation is concerned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolObject {
+    pub resource_version: String,
+    pub range: Option<String>,
+    /// One per parsable key, in document order.
+    pub entries: Vec<Allocation>,
+    /// The key text each offset is stored under (whereabouts writes `%d`; a key
+    /// such as `05` must still be removed under its own name).
+    pub keys: BTreeMap<u128, String>,
+    /// Whether `spec.allocations` is a map (it may be missing or null).
+    pub has_allocations: bool,
+    /// Keys that are no offset at all; ignored, as whereabouts ignores them.
+    pub unparsable: Vec<String>,
+}
+
+/// An allocation key: a decimal offset. whereabouts reads keys as signed 64-bit
+/// numbers and uses them as unsigned, so a negative key (written by versions
+/// before v0.5) names offset `2^64 + key`.
+pub fn parse_key(key: &str) -> Option<u128> {
+    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
+        return None;
+    }
+    match key.parse::<u128>() {
+        Ok(offset) => Some(offset),
+        Err(_) => key.parse::<i64>().ok().filter(|k| *k < 0).map(|k| u128::from(k as u64)),
+    }
+}
+
+/// Reads an `IPPool` object (a GET's or PATCH's answer).
+pub fn parse_pool(object: &Value) -> Result<PoolObject, String> {
+    let resource_version = object
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .filter(|v| !v.is_empty())
+        .ok_or("it has no metadata.resourceVersion")?
+        .to_string();
+    let spec = object.get("spec").and_then(Value::as_object);
+    let range = spec.and_then(|s| s.get("range")).and_then(Value::as_str).map(str::to_string);
+    let mut pool = PoolObject { resource_version, range, ..PoolObject::default() };
+    match spec.and_then(|s| s.get("allocations")) {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(allocations)) => {
+            pool.has_allocations = true;
+            for (key, entry) in allocations {
+                let Some(offset) = parse_key(key) else {
+                    pool.unparsable.push(key.clone());
+                    continue;
+                };
+                if pool.keys.contains_key(&offset) {
+                    // `5` and `05`: one address, the first key wins.
+                    pool.unparsable.push(key.clone());
+                    continue;
+                }
+                let field = |name: &str| entry.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
+                pool.entries.push(Allocation { offset, container_id: field("id"), pod_ref: field("podref"), ifname: field("ifname") });
+                pool.keys.insert(offset, key.clone());
+            }
+        }
+        Some(_) => return Err("spec.allocations is not an object".into()),
+    }
+    Ok(pool)
+}
+
+/// The owner of a reservation, as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReservationObject {
+    pub uid: String,
+    pub podref: String,
+    pub ifname: String,
+    pub containerid: String,
+}
+
+pub fn parse_reservation(object: &Value) -> ReservationObject {
+    let text = |pointer: &str| object.pointer(pointer).and_then(Value::as_str).unwrap_or_default().to_string();
+    ReservationObject { uid: text("/metadata/uid"), podref: text("/spec/podref"), ifname: text("/spec/ifname"), containerid: text("/spec/containerid") }
+}
+
+impl ReservationObject {
+    /// Whether the reservation belongs to `holder`'s attachment: same pod and
+    /// interface (whereabouts' identity), or same container outside Kubernetes.
+    /// Reservations written before whereabouts v0.8.0 carry no interface; they
+    /// match any interface of the pod.
+    pub fn is_held_by(&self, holder: &Allocation) -> bool {
+        let same_pod = if holder.pod_ref.is_empty() { !self.containerid.is_empty() && self.containerid == holder.container_id } else { self.podref == holder.pod_ref };
+        same_pod && (self.ifname.is_empty() || self.ifname == holder.ifname)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(offset: u128, id: &str, pod: &str, ifname: &str) -> Allocation {
+        Allocation { offset, container_id: id.into(), pod_ref: pod.into(), ifname: ifname.into() }
+    }
+
+    #[test]
+    fn paths_follow_the_api_layout() {
+        assert_eq!(object_path("kube-system", IPPOOLS, "192.0.2.0-24"), "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools/192.0.2.0-24");
+        assert_eq!(collection_path("ns", RESERVATIONS), "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/overlappingrangeipreservations");
+        assert_eq!(object_path("ns", IPPOOLS, "a/b c"), "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/ippools/a%2Fb%20c");
+    }
+
+    #[test]
+    fn keys_are_decimal_offsets_with_whereabouts_negative_keys() {
+        assert_eq!(parse_key("0"), Some(0));
+        assert_eq!(parse_key("17"), Some(17));
+        assert_eq!(parse_key("05"), Some(5));
+        assert_eq!(parse_key("18446744073709551616"), Some(1u128 << 64));
+        // Issue #83's key in pool caa5---64: 0xcaa5000000000001 as int64.
+        assert_eq!(parse_key("-3844666706890850303"), Some(0xcaa5_0000_0000_0001));
+        for bad in ["", "x", "+1", "1.5", " 1", "-0", "--1"] {
+            assert_eq!(parse_key(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn pools_parse_as_whereabouts_writes_them() {
+        let object = json!({
+            "apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "192.0.2.0-24", "resourceVersion": "42"},
+            "spec": {"range": "192.0.2.0/24", "allocations": {
+                "1": {"id": "c1", "podref": "default/a", "ifname": "eth0"},
+                "05": {"id": "c5", "podref": "default/b"},
+                "bogus": {"id": "x", "podref": "y"}
+            }}
+        });
+        let pool = parse_pool(&object).unwrap();
+        assert_eq!(pool.resource_version, "42");
+        assert_eq!(pool.range.as_deref(), Some("192.0.2.0/24"));
+        assert!(pool.has_allocations);
+        assert_eq!(pool.entries, vec![alloc(1, "c1", "default/a", "eth0"), alloc(5, "c5", "default/b", "")]);
+        assert_eq!(pool.keys.get(&5).map(String::as_str), Some("05"));
+        assert_eq!(pool.unparsable, vec!["bogus".to_string()]);
+
+        let bare = parse_pool(&json!({"metadata": {"resourceVersion": "1"}, "spec": {"range": "192.0.2.0/24", "allocations": null}})).unwrap();
+        assert!(!bare.has_allocations && bare.entries.is_empty());
+        assert!(parse_pool(&json!({"metadata": {}, "spec": {}})).is_err());
+        assert!(parse_pool(&json!({"metadata": {"resourceVersion": "1"}, "spec": {"allocations": []}})).is_err());
+    }
+
+    #[test]
+    fn new_objects_have_the_whereabouts_shape() {
+        let a = alloc(7, "cid", "ns/pod", "net1");
+        assert_eq!(
+            new_pool("blue-192.0.2.0-24", "kube-system", "192.0.2.0/24", &[&a]),
+            json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+                   "metadata": {"name": "blue-192.0.2.0-24", "namespace": "kube-system"},
+                   "spec": {"range": "192.0.2.0/24", "allocations": {"7": {"id": "cid", "podref": "ns/pod", "ifname": "net1"}}}})
+        );
+        assert_eq!(
+            new_reservation("192.0.2.7", "kube-system", &a),
+            json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "OverlappingRangeIPReservation",
+                   "metadata": {"name": "192.0.2.7", "namespace": "kube-system"},
+                   "spec": {"containerid": "cid", "podref": "ns/pod", "ifname": "net1"}})
+        );
+    }
+
+    #[test]
+    fn reservation_ownership() {
+        let holder = alloc(7, "cid", "ns/pod", "net1");
+        let r = |pod: &str, ifname: &str, cid: &str| ReservationObject { uid: "u".into(), podref: pod.into(), ifname: ifname.into(), containerid: cid.into() };
+        assert!(r("ns/pod", "net1", "other").is_held_by(&holder), "same pod and interface; the container may change");
+        assert!(r("ns/pod", "", "").is_held_by(&holder), "pre-v0.8.0 reservation without ifname");
+        assert!(!r("ns/pod", "net2", "cid").is_held_by(&holder));
+        assert!(!r("ns/other", "net1", "cid").is_held_by(&holder));
+        let bare = alloc(7, "cid", "", "eth0");
+        assert!(r("", "eth0", "cid").is_held_by(&bare) && !r("", "eth0", "x").is_held_by(&bare));
+        let object = json!({"metadata": {"uid": "abc"}, "spec": {"podref": "ns/pod", "ifname": "net1"}});
+        assert_eq!(parse_reservation(&object), r("ns/pod", "net1", "").with_uid("abc"));
+    }
+
+    impl ReservationObject {
+        fn with_uid(mut self, uid: &str) -> Self {
+            self.uid = uid.into();
+            self
+        }
+    }
+}

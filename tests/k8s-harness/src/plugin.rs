@@ -1,0 +1,254 @@
+//! Helpers for tests that run the `thereabouts` CNI plugin (a real process) on the
+//! Kubernetes datastore of a harness [`Cluster`]:
+//!
+//! * [`kubernetes_conf`]: a network config whose `ipam` uses the datastore with a
+//!   given kubeconfig, network name and ranges;
+//! * [`Objects`]: a blocking view of the whereabouts objects as the admin sees
+//!   them, raw JSON as served (for wire-format comparisons), plus create/delete;
+//! * [`kubeconfig_variant`]: a copy of a harness kubeconfig with edits (another
+//!   namespace, a wrong token, ...);
+//! * [`api_requests`]: the API requests a plugin run logged (`log_level: debug`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::{Cluster, NAMESPACE};
+
+pub const GROUP_VERSION: &str = "whereabouts.cni.cncf.io/v1alpha1";
+pub const IPPOOLS: &str = "ippools";
+pub const RESERVATIONS: &str = "overlappingrangeipreservations";
+
+/// `{"cniVersion": "1.1.0", "name": <name>, "ipam": {"type": "thereabouts",
+/// "datastore": "kubernetes", "kubernetes": {"kubeconfig": ...}, "ipRanges": [...]}}`,
+/// with `network_name` when given.
+pub fn kubernetes_conf(
+    name: &str,
+    kubeconfig: &Path,
+    network_name: Option<&str>,
+    ranges: &[&str],
+) -> Value {
+    let mut ipam = json!({
+        "type": "thereabouts",
+        "datastore": "kubernetes",
+        "kubernetes": {"kubeconfig": kubeconfig.to_str().expect("utf-8 path")},
+        "ipRanges": ranges.iter().map(|r| json!({"range": r})).collect::<Vec<_>>(),
+    });
+    if let Some(n) = network_name {
+        ipam["network_name"] = json!(n);
+    }
+    json!({"cniVersion": "1.1.0", "name": name, "type": "thab-k8s", "ipam": ipam})
+}
+
+/// Sets `log_file` and `log_level: debug` (every API request is logged).
+pub fn with_debug_log(mut conf: Value, log: &Path) -> Value {
+    conf["ipam"]["log_file"] = json!(log.to_str().expect("utf-8 path"));
+    conf["ipam"]["log_level"] = json!("debug");
+    conf
+}
+
+/// The API requests logged in `log` (`"GET /apis/... -> ok"`), in order.
+pub fn api_requests(log: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            l.split_once("kubernetes API request #")
+                .map(|(_, rest)| rest)
+        })
+        .map(|rest| {
+            let rest = rest.split_once(": ").map_or(rest, |(_, r)| r);
+            // Drop the timing: "... -> ok in 3 ms".
+            rest.rsplit_once(" in ")
+                .map_or(rest, |(r, _)| r)
+                .to_string()
+        })
+        .collect()
+}
+
+/// Writes a copy of the kubeconfig `source` to `dest` after `edit` changed it
+/// (as JSON: `contexts[0].context.namespace`, `users[0].user.token`, ...).
+pub fn kubeconfig_variant(source: &Path, dest: &Path, edit: impl FnOnce(&mut Value)) -> Result<()> {
+    let text =
+        std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))?;
+    let mut doc: Value = serde_yaml_ng::from_str(&text).context("parsing the kubeconfig")?;
+    edit(&mut doc);
+    std::fs::write(dest, serde_yaml_ng::to_string(&doc)?)
+        .with_context(|| format!("writing {}", dest.display()))
+}
+
+/// The admin's view of the whereabouts objects in one namespace, blocking (a
+/// private current-thread runtime), so tests can interleave it with plugin runs.
+pub struct Objects {
+    runtime: tokio::runtime::Runtime,
+    client: kube::Client,
+    namespace: String,
+}
+
+impl Objects {
+    /// The admin identity, in the kubeconfigs' namespace (`kube-system`).
+    pub fn admin(cluster: &Cluster) -> Result<Objects> {
+        Self::admin_in(cluster, NAMESPACE)
+    }
+
+    pub fn admin_in(cluster: &Cluster, namespace: &str) -> Result<Objects> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let client = runtime.block_on(cluster.admin_client())?;
+        Ok(Objects {
+            runtime,
+            client,
+            namespace: namespace.to_string(),
+        })
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn path(&self, plural: &str, name: Option<&str>) -> String {
+        let base = format!(
+            "/apis/{GROUP_VERSION}/namespaces/{}/{plural}",
+            self.namespace
+        );
+        match name {
+            Some(n) => format!("{base}/{n}"),
+            None => base,
+        }
+    }
+
+    fn send(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Option<String>> {
+        let content_type = if method == http::Method::PATCH {
+            "application/merge-patch+json"
+        } else {
+            "application/json"
+        };
+        let mut request = http::Request::builder().method(method).uri(path);
+        let bytes = match body {
+            Some(b) => {
+                request = request.header("content-type", content_type);
+                serde_json::to_vec(b)?
+            }
+            None => Vec::new(),
+        };
+        let request = request.body(bytes)?;
+        match self.runtime.block_on(self.client.request_text(request)) {
+            Ok(text) => Ok(Some(text)),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(e).with_context(|| path.to_string()),
+        }
+    }
+
+    /// The object's JSON text exactly as the apiserver serves it, `None` if absent.
+    pub fn raw(&self, plural: &str, name: &str) -> Result<Option<String>> {
+        self.send(http::Method::GET, &self.path(plural, Some(name)), None)
+    }
+
+    pub fn get(&self, plural: &str, name: &str) -> Result<Option<Value>> {
+        Ok(match self.raw(plural, name)? {
+            Some(text) => Some(serde_json::from_str(&text)?),
+            None => None,
+        })
+    }
+
+    /// Every object of the kind in the namespace, by name.
+    pub fn list(&self, plural: &str) -> Result<BTreeMap<String, Value>> {
+        let text = self
+            .send(http::Method::GET, &self.path(plural, None), None)?
+            .unwrap_or_default();
+        let list: Value = serde_json::from_str(&text)?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| {
+                (
+                    o["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    o.clone(),
+                )
+            })
+            .collect())
+    }
+
+    /// `spec.allocations` of a pool (empty when the pool or the map is absent).
+    pub fn allocations(&self, pool: &str) -> Result<BTreeMap<String, Value>> {
+        Ok(self
+            .get(IPPOOLS, pool)?
+            .and_then(|p| p["spec"]["allocations"].as_object().cloned())
+            .map(|m| m.into_iter().collect())
+            .unwrap_or_default())
+    }
+
+    /// Reservations by name: their `spec`.
+    pub fn reservations(&self) -> Result<BTreeMap<String, Value>> {
+        Ok(self
+            .list(RESERVATIONS)?
+            .into_iter()
+            .map(|(n, o)| (n, o["spec"].clone()))
+            .collect())
+    }
+
+    /// Creates an object (JSON or YAML text of one object) in the namespace.
+    pub fn create(&self, plural: &str, object: &Value) -> Result<Value> {
+        let text = self.send(http::Method::POST, &self.path(plural, None), Some(object))?;
+        match text {
+            Some(t) => Ok(serde_json::from_str(&t)?),
+            None => bail!("creating {plural}: 404 (namespace or CRD missing?)"),
+        }
+    }
+
+    pub fn create_yaml(&self, plural: &str, yaml: &str) -> Result<Value> {
+        let object: Value = serde_yaml_ng::from_str(yaml).context("parsing YAML")?;
+        self.create(plural, &object)
+    }
+
+    /// Sets an annotation (a JSON merge patch): a write by someone else that
+    /// moves the object's `resourceVersion` without touching its allocations.
+    pub fn annotate(&self, plural: &str, name: &str, key: &str, value: &str) -> Result<()> {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.send(
+            http::Method::PATCH,
+            &self.path(plural, Some(name)),
+            Some(&patch),
+        )
+        .map(|_| ())
+    }
+
+    pub fn delete(&self, plural: &str, name: &str) -> Result<()> {
+        self.send(http::Method::DELETE, &self.path(plural, Some(name)), None)
+            .map(|_| ())
+    }
+
+    /// Creates (or keeps) a namespace.
+    pub fn ensure_namespace(&self, name: &str) -> Result<()> {
+        let request = http::Request::builder()
+            .method(http::Method::POST)
+            .uri("/api/v1/namespaces")
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(
+                &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+            )?)?;
+        match self.runtime.block_on(self.client.request_text(request)) {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Server-side-applies a YAML stream (RBAC objects of a test, say) as admin.
+    pub fn apply(&self, yaml: &str) -> Result<()> {
+        self.runtime
+            .block_on(crate::apply_yaml(&self.client, yaml, &self.namespace))
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,1077 @@
+//! The Kubernetes datastore against the real kube-apiserver: the release
+//! `thereabouts` binary runs as a CNI plugin (a process per call, `CNI_*`
+//! environment, config on stdin) with the least-privilege plugin identity of
+//! `deploy/rbac.yaml`, and the tests look at the `IPPool` and
+//! `OverlappingRangeIPReservation` objects as the admin sees them.
+//!
+//! Most tests share one control plane (see [`shared`]); each uses its own ranges
+//! (and namespace, where it changes RBAC), so their pools and reservations never
+//! meet. The test that stops the apiserver has a private one.
+//!
+//! Binary: `$THEREABOUTS_BIN`, else `target/release/thereabouts` (tests/k8s.sh builds it).
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
+use thereabouts_k8s_harness::plugin::{
+    IPPOOLS, Objects, RESERVATIONS, api_requests, kubeconfig_variant, kubernetes_conf,
+    with_debug_log,
+};
+use thereabouts_k8s_harness::{Cluster, NAMESPACE};
+
+const GROUP: &str = "whereabouts.cni.cncf.io";
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// A cluster with the CRDs and the RBAC of `deploy/`.
+fn prepared_cluster() -> Cluster {
+    let cluster = Cluster::start().expect("starting etcd + kube-apiserver");
+    block_on(async {
+        cluster
+            .install_crds()
+            .await
+            .expect("installing deploy/crds");
+        cluster
+            .install_rbac()
+            .await
+            .expect("installing deploy/rbac.yaml");
+    });
+    cluster
+}
+
+/// The control plane the tests share: started by the first test that needs it,
+/// torn down when the last test holding it ends (a later test starts a new one),
+/// so nothing outlives the test process.
+fn shared() -> Arc<Cluster> {
+    static SHARED: Mutex<Weak<Cluster>> = Mutex::new(Weak::new());
+    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cluster) = slot.upgrade() {
+        return cluster;
+    }
+    let cluster = Arc::new(prepared_cluster());
+    *slot = Arc::downgrade(&cluster);
+    cluster
+}
+
+/// Runs the plugin like a runtime would (see `Call`), with extra environment.
+fn run(call: &Call, stdin: &str, env: &[(&str, &str)]) -> Outcome {
+    let bin = thereabouts_bin();
+    let started = Instant::now();
+    let mut command = Command::new(&bin);
+    command
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", &call.command)
+        .env("CNI_CONTAINERID", &call.container_id)
+        .env("CNI_NETNS", &call.netns)
+        .env("CNI_IFNAME", &call.ifname)
+        .env("CNI_ARGS", &call.cni_args)
+        .env("CNI_PATH", &call.cni_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().expect("spawning thereabouts");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Outcome {
+        call: call.clone(),
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: started.elapsed(),
+        timed_out: false,
+    }
+}
+
+fn add(conf: &str, cid: &str, pod: &str) -> Outcome {
+    run(&Call::pod("ADD", cid, pod), conf, &[])
+}
+
+fn del(conf: &str, cid: &str, pod: &str) -> Outcome {
+    run(&Call::pod("DEL", cid, pod), conf, &[])
+}
+
+fn entry(cid: &str, pod: &str, ifname: &str) -> Value {
+    json!({"id": cid, "podref": format!("default/{pod}"), "ifname": ifname})
+}
+
+fn reservation(cid: &str, pod: &str, ifname: &str) -> Value {
+    json!({"containerid": cid, "podref": format!("default/{pod}"), "ifname": ifname})
+}
+
+fn resource_version(objects: &Objects, pool: &str) -> String {
+    objects.get(IPPOOLS, pool).unwrap().expect("pool exists")["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn truncate(path: &Path) {
+    std::fs::write(path, b"").unwrap();
+}
+
+/// "GET /apis/.../ippools/x -> ok" → ("GET", "ippools", "ok"), dropping names.
+fn shape(requests: &[String]) -> Vec<String> {
+    requests
+        .iter()
+        .map(|r| {
+            let (call, answer) = r.split_once(" -> ").unwrap();
+            let (method, path) = call.split_once(' ').unwrap();
+            let kind = if path.contains("/ippools") {
+                "ippools"
+            } else if path.contains("/overlappingrangeipreservations") {
+                "reservations"
+            } else {
+                path
+            };
+            format!("{method} {kind} -> {answer}")
+        })
+        .collect()
+}
+
+#[test]
+fn dual_stack_add_del_check_status_with_the_plugin_identity() {
+    let cluster = shared();
+    let objects = Objects::admin(&cluster).unwrap();
+    let tmp = TempDir::new("k8s-dual");
+    let log = tmp.path().join("plugin.log");
+    let conf = with_debug_log(
+        kubernetes_conf(
+            "k8s-dual",
+            &cluster.plugin_kubeconfig(),
+            None,
+            &["10.61.0.0/24", "fd61::/64"],
+        ),
+        &log,
+    );
+    let cs = conf.to_string();
+    let (v4, v6) = ("10.61.0.0-24", "fd61---64");
+
+    // First ADD: the pools do not exist yet and are created with the entry.
+    let a = add(&cs, "cid-a", "pod-a");
+    a.expect_ok("ADD pod-a");
+    assert_eq!(a.ips(), ["10.61.0.1/24", "fd61::1/64"], "{}", a.describe());
+    let first = api_requests(&log);
+    eprintln!(
+        "API requests, ADD into absent pools:\n  {}",
+        first.join("\n  ")
+    );
+    assert_eq!(
+        shape(&first),
+        [
+            "GET ippools -> 404 NotFound",
+            "GET ippools -> 404 NotFound",
+            "POST reservations -> ok",
+            "POST reservations -> ok",
+            "POST ippools -> ok",
+            "POST ippools -> ok"
+        ]
+    );
+    for (name, range) in [(v4, "10.61.0.0/24"), (v6, "fd61::/64")] {
+        let pool = objects.get(IPPOOLS, name).unwrap().expect("pool created");
+        assert_eq!(pool["apiVersion"], "whereabouts.cni.cncf.io/v1alpha1");
+        assert_eq!(pool["kind"], "IPPool");
+        assert_eq!(pool["metadata"]["namespace"], NAMESPACE);
+        assert_eq!(
+            pool["spec"],
+            json!({"range": range, "allocations": {"1": entry("cid-a", "pod-a", "eth0")}})
+        );
+    }
+    let reservations = objects.reservations().unwrap();
+    assert_eq!(
+        reservations.get("10.61.0.1"),
+        Some(&reservation("cid-a", "pod-a", "eth0"))
+    );
+    assert_eq!(
+        reservations.get("fd61--1"),
+        Some(&reservation("cid-a", "pod-a", "eth0"))
+    );
+
+    // Second pod: the pools exist; the uncontended cost is GET + reservation + PATCH per range.
+    truncate(&log);
+    let b = add(&cs, "cid-b", "pod-b");
+    b.expect_ok("ADD pod-b");
+    assert_eq!(b.ips(), ["10.61.0.2/24", "fd61::2/64"]);
+    let second = api_requests(&log);
+    eprintln!(
+        "API requests, uncontended dual-stack ADD:\n  {}",
+        second.join("\n  ")
+    );
+    assert_eq!(
+        shape(&second),
+        [
+            "GET ippools -> ok",
+            "GET ippools -> ok",
+            "POST reservations -> ok",
+            "POST reservations -> ok",
+            "PATCH ippools -> ok",
+            "PATCH ippools -> ok"
+        ]
+    );
+
+    // Idempotent ADD: same addresses, reads only, nothing written.
+    let rv = (
+        resource_version(&objects, v4),
+        resource_version(&objects, v6),
+    );
+    truncate(&log);
+    let again = add(&cs, "cid-a", "pod-a");
+    again.expect_ok("repeated ADD pod-a");
+    assert_eq!(again.ips(), a.ips());
+    assert_eq!(
+        shape(&api_requests(&log)),
+        ["GET ippools -> ok", "GET ippools -> ok"]
+    );
+    assert_eq!(
+        (
+            resource_version(&objects, v4),
+            resource_version(&objects, v6)
+        ),
+        rv
+    );
+
+    // The pod's sandbox re-created (new container ID): same addresses, ID updated.
+    let renewed = add(&cs, "cid-a2", "pod-a");
+    renewed.expect_ok("ADD pod-a with a new container");
+    assert_eq!(renewed.ips(), a.ips());
+    assert_eq!(
+        objects.allocations(v4).unwrap()["1"],
+        entry("cid-a2", "pod-a", "eth0")
+    );
+
+    // CHECK and STATUS.
+    let mut check = conf.clone();
+    check["prevResult"] = json!({"cniVersion": "1.1.0", "ips": [{"address": "10.61.0.2/24"}, {"address": "fd61::2/64"}]});
+    run(
+        &Call::pod("CHECK", "cid-b", "pod-b"),
+        &check.to_string(),
+        &[],
+    )
+    .expect_ok("CHECK pod-b");
+    check["prevResult"]["ips"][0]["address"] = json!("10.61.0.9/24");
+    run(
+        &Call::pod("CHECK", "cid-b", "pod-b"),
+        &check.to_string(),
+        &[],
+    )
+    .expect_cni_error("CHECK with a wrong address");
+    run(&Call::global("STATUS"), &cs, &[]).expect_ok("STATUS");
+
+    // `thereabouts pools` goes through the same datastore.
+    let conf_file = tmp.path().join("net.conf");
+    std::fs::write(&conf_file, &cs).unwrap();
+    let out = Command::new(thereabouts_bin())
+        .args([
+            "pools",
+            "--config",
+            conf_file.to_str().unwrap(),
+            "--output",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pools: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        report["datastore"]
+            .as_str()
+            .unwrap()
+            .contains("kubernetes datastore: namespace kube-system"),
+        "{report}"
+    );
+    assert_eq!(report["ranges"][0]["allocated"], "2");
+    assert_eq!(report["ranges"][1]["pool_name"], v6);
+
+    // DEL of a container we never saw: success, nothing written.
+    truncate(&log);
+    del(&cs, "cid-unknown", "pod-x").expect_ok("DEL of an unknown container");
+    assert_eq!(
+        shape(&api_requests(&log)),
+        ["GET ippools -> ok", "GET ippools -> ok"]
+    );
+
+    // DEL pod-a: its entries and reservations go, pod-b's stay.
+    truncate(&log);
+    let d = del(&cs, "cid-a2", "pod-a");
+    d.expect_ok("DEL pod-a");
+    assert_eq!(
+        shape(&api_requests(&log)),
+        [
+            "GET ippools -> ok",
+            "GET ippools -> ok",
+            "PATCH ippools -> ok",
+            "PATCH ippools -> ok",
+            "GET reservations -> ok",
+            "DELETE reservations -> ok",
+            "GET reservations -> ok",
+            "DELETE reservations -> ok"
+        ]
+    );
+    for pool in [v4, v6] {
+        let allocations = objects.allocations(pool).unwrap();
+        assert_eq!(
+            allocations.keys().collect::<Vec<_>>(),
+            ["2"],
+            "{pool}: {allocations:?}"
+        );
+    }
+    let reservations = objects.reservations().unwrap();
+    assert!(
+        !reservations.contains_key("10.61.0.1") && !reservations.contains_key("fd61--1"),
+        "{reservations:?}"
+    );
+    assert!(reservations.contains_key("10.61.0.2") && reservations.contains_key("fd61--2"));
+    del(&cs, "cid-a2", "pod-a").expect_ok("repeated DEL pod-a");
+
+    // GC cannot tell this node's garbage from other nodes' entries in a shared
+    // store: it removes nothing.
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    run(&Call::global("GC"), &gc.to_string(), &[]).expect_ok("GC");
+    assert_eq!(objects.allocations(v4).unwrap().len(), 1);
+
+    del(&cs, "cid-b", "pod-b").expect_ok("DEL pod-b");
+    assert!(
+        objects.allocations(v4).unwrap().is_empty() && objects.allocations(v6).unwrap().is_empty()
+    );
+    let left: Vec<String> = objects
+        .reservations()
+        .unwrap()
+        .into_keys()
+        .filter(|n| n.starts_with("10.61.") || n.starts_with("fd61-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// An `IPPool` exactly as whereabouts v0.9.4 writes it (whereabouts.md §3.1-3.3):
+/// created as `{range, allocations: {}}`, entries keyed by the decimal offset
+/// from the network address, `{id, podref, ifname}` (no `ifname` before v0.8.0),
+/// and the ORIPs it creates beside them (`{podref, ifname}`, no `containerid`).
+const GOLDEN_POOL: &str = r#"
+apiVersion: whereabouts.cni.cncf.io/v1alpha1
+kind: IPPool
+metadata:
+  name: 10.77.0.0-24
+  namespace: kube-system
+  labels:
+    app.kubernetes.io/managed-by: golden-test
+  annotations:
+    example.com/note: "written the way whereabouts writes pools"
+spec:
+  range: 10.77.0.0/24
+  allocations:
+    "1":
+      id: 1f7d3c0a9b8e4f2a6c5d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b
+      podref: default/golden-a
+      ifname: net1
+    "2":
+      id: 2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70819
+      podref: default/golden-b
+    "4":
+      id: 4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b
+      podref: other/golden-c
+      ifname: eth0
+"#;
+
+const GOLDEN_RESERVATIONS: [(&str, &str, &str); 3] = [
+    ("10.77.0.1", "default/golden-a", "net1"),
+    ("10.77.0.2", "default/golden-b", ""),
+    ("10.77.0.4", "other/golden-c", "eth0"),
+];
+
+#[test]
+fn golden_whereabouts_pool_keeps_its_bytes_and_gets_whereabouts_entries() {
+    let cluster = shared();
+    let objects = Objects::admin(&cluster).unwrap();
+    objects
+        .create_yaml(IPPOOLS, GOLDEN_POOL)
+        .expect("creating the golden IPPool");
+    for (name, pod, ifname) in GOLDEN_RESERVATIONS {
+        let mut spec = json!({"podref": pod});
+        if !ifname.is_empty() {
+            spec["ifname"] = json!(ifname);
+        }
+        objects
+            .create(RESERVATIONS, &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "OverlappingRangeIPReservation", "metadata": {"name": name}, "spec": spec}))
+            .unwrap();
+    }
+    let before: Value =
+        serde_json::from_str(&objects.raw(IPPOOLS, "10.77.0.0-24").unwrap().unwrap()).unwrap();
+    let entry_text =
+        |pool: &Value, key: &str| serde_json::to_string(&pool["spec"]["allocations"][key]).unwrap();
+
+    let conf = kubernetes_conf(
+        "k8s-golden",
+        &cluster.plugin_kubeconfig(),
+        None,
+        &["10.77.0.0/24"],
+    )
+    .to_string();
+    // Lowest free around the existing entries: .3, then .5.
+    let first = add(&conf, "cid-g1", "golden-new-1");
+    first.expect_ok("ADD into the golden pool");
+    assert_eq!(first.ips(), ["10.77.0.3/24"]);
+    let second = add(&conf, "cid-g2", "golden-new-2");
+    second.expect_ok("second ADD into the golden pool");
+    assert_eq!(second.ips(), ["10.77.0.5/24"]);
+
+    let after: Value =
+        serde_json::from_str(&objects.raw(IPPOOLS, "10.77.0.0-24").unwrap().unwrap()).unwrap();
+    // Everything that was there is unchanged, byte for byte.
+    for key in ["1", "2", "4"] {
+        assert_eq!(
+            entry_text(&after, key),
+            entry_text(&before, key),
+            "entry {key}"
+        );
+    }
+    assert_eq!(after["metadata"]["labels"], before["metadata"]["labels"]);
+    assert_eq!(
+        after["metadata"]["annotations"],
+        before["metadata"]["annotations"]
+    );
+    assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    assert_eq!(after["spec"]["range"], "10.77.0.0/24");
+    // The new entries have exactly whereabouts' shape.
+    assert_eq!(
+        entry_text(&after, "3"),
+        r#"{"id":"cid-g1","ifname":"eth0","podref":"default/golden-new-1"}"#
+    );
+    assert_eq!(
+        after["spec"]["allocations"]["5"],
+        entry("cid-g2", "golden-new-2", "eth0")
+    );
+    assert_eq!(after["spec"]["allocations"].as_object().unwrap().len(), 5);
+    let reservations = objects.reservations().unwrap();
+    assert_eq!(
+        reservations["10.77.0.3"],
+        reservation("cid-g1", "golden-new-1", "eth0")
+    );
+    assert_eq!(
+        reservations["10.77.0.2"],
+        json!({"podref": "default/golden-b"}),
+        "whereabouts' own reservations are untouched"
+    );
+
+    // Our DEL frees a whereabouts entry (by container ID + ifname) and its
+    // reservation, and leaves the pre-v0.8.0 entry without ifname alone.
+    let mut call = Call::pod(
+        "DEL",
+        "1f7d3c0a9b8e4f2a6c5d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b",
+        "golden-a",
+    );
+    call.ifname = "net1".into();
+    run(&call, &conf, &[]).expect_ok("DEL of a whereabouts entry");
+    let allocations = objects.allocations("10.77.0.0-24").unwrap();
+    assert_eq!(allocations.keys().collect::<Vec<_>>(), ["2", "3", "4", "5"]);
+    let reservations = objects.reservations().unwrap();
+    assert!(!reservations.contains_key("10.77.0.1") && reservations.contains_key("10.77.0.2"));
+    let final_pool: Value =
+        serde_json::from_str(&objects.raw(IPPOOLS, "10.77.0.0-24").unwrap().unwrap()).unwrap();
+    for key in ["2", "4"] {
+        assert_eq!(
+            entry_text(&final_pool, key),
+            entry_text(&before, key),
+            "entry {key}"
+        );
+    }
+}
+
+fn addresses(outcomes: &[Outcome]) -> Vec<String> {
+    outcomes
+        .iter()
+        .flat_map(|o| o.ips())
+        .map(|a| a.split('/').next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn overlapping_ranges_never_share_an_address() {
+    let cluster = shared();
+    let objects = Objects::admin(&cluster).unwrap();
+    let kc = cluster.plugin_kubeconfig();
+    let wide = kubernetes_conf("k8s-ovl-wide", &kc, None, &["10.62.0.0/24"]).to_string();
+    let narrow = kubernetes_conf("k8s-ovl-narrow", &kc, None, &["10.62.0.0/28"]).to_string();
+    let mut outcomes = Vec::new();
+    for i in 0..6 {
+        let w = add(&wide, &format!("cid-w{i}"), &format!("w{i}"));
+        w.expect_ok("ADD from the /24");
+        let n = add(&narrow, &format!("cid-n{i}"), &format!("n{i}"));
+        n.expect_ok("ADD from the /28");
+        outcomes.push(w);
+        outcomes.push(n);
+    }
+    let all = addresses(&outcomes);
+    let mut unique = all.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        all.len(),
+        "an address was handed out twice: {all:?}"
+    );
+    assert_eq!(
+        all[..4],
+        ["10.62.0.1", "10.62.0.2", "10.62.0.3", "10.62.0.4"],
+        "lowest free, around each other's reservations"
+    );
+    // One reservation per address, held by the pod that got it.
+    let reservations = objects.reservations().unwrap();
+    for (o, address) in outcomes.iter().zip(&all) {
+        let holder = o.call.cni_args.rsplit('=').next().unwrap();
+        assert_eq!(
+            reservations[address.as_str()]["podref"],
+            format!("default/{holder}"),
+            "{address}"
+        );
+    }
+    // The /28 runs out once the /24 and itself hold its 14 addresses.
+    let mut narrow_pods = 6;
+    loop {
+        let n = add(
+            &narrow,
+            &format!("cid-n{narrow_pods}"),
+            &format!("n{narrow_pods}"),
+        );
+        if !n.ok() {
+            let e = n.expect_cni_error("ADD from a full /28");
+            assert!(
+                e["msg"]
+                    .as_str()
+                    .unwrap()
+                    .contains("Could not allocate IP in range"),
+                "{e}"
+            );
+            break;
+        }
+        outcomes.push(n);
+        narrow_pods += 1;
+        assert!(narrow_pods < 20, "the /28 never ran out");
+    }
+    let all = addresses(&outcomes);
+    let in_narrow = all
+        .iter()
+        .filter(|a| {
+            a.strip_prefix("10.62.0.")
+                .and_then(|x| x.parse::<u8>().ok())
+                .is_some_and(|x| (1..=14).contains(&x))
+        })
+        .count();
+    assert_eq!(
+        in_narrow, 14,
+        "every address of the /28 handed out once: {all:?}"
+    );
+    let mut unique = all.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        all.len(),
+        "an address was handed out twice: {all:?}"
+    );
+
+    // Everything released: no entries, no reservations of these ranges.
+    for o in &outcomes {
+        let conf = if o.call.cni_args.contains("=w") {
+            &wide
+        } else {
+            &narrow
+        };
+        let pod = o.call.cni_args.rsplit('=').next().unwrap();
+        del(conf, &o.call.container_id, pod).expect_ok("DEL");
+    }
+    assert!(
+        objects.allocations("10.62.0.0-24").unwrap().is_empty()
+            && objects.allocations("10.62.0.0-28").unwrap().is_empty()
+    );
+    assert!(
+        objects
+            .reservations()
+            .unwrap()
+            .keys()
+            .all(|n| !n.starts_with("10.62."))
+    );
+
+    // Without enable_overlapping_ranges nothing is reserved: both ranges hand out .1.
+    let mut off_wide = kubernetes_conf("k8s-ovl-off", &kc, None, &["10.63.0.0/24"]);
+    off_wide["ipam"]["enable_overlapping_ranges"] = json!(false);
+    let mut off_narrow = kubernetes_conf("k8s-ovl-off", &kc, None, &["10.63.0.0/28"]);
+    off_narrow["ipam"]["enable_overlapping_ranges"] = json!(false);
+    let tmp = TempDir::new("k8s-ovl");
+    let log = tmp.path().join("plugin.log");
+    let off_wide = with_debug_log(off_wide, &log).to_string();
+    assert_eq!(add(&off_wide, "cid-ow", "ow").ips(), ["10.63.0.1/24"]);
+    assert_eq!(
+        shape(&api_requests(&log)),
+        ["GET ippools -> 404 NotFound", "POST ippools -> ok"]
+    );
+    truncate(&log);
+    assert_eq!(add(&off_wide, "cid-ow2", "ow2").ips(), ["10.63.0.2/24"]);
+    assert_eq!(
+        shape(&api_requests(&log)),
+        ["GET ippools -> ok", "PATCH ippools -> ok"],
+        "uncontended ADD without reservations: two requests"
+    );
+    assert_eq!(
+        add(&off_narrow.to_string(), "cid-on", "on").ips(),
+        ["10.63.0.1/28"]
+    );
+    assert!(
+        objects
+            .reservations()
+            .unwrap()
+            .keys()
+            .all(|n| !n.starts_with("10.63."))
+    );
+
+    // network_name scopes pools and reservations: the same range twice.
+    let blue = kubernetes_conf("k8s-blue", &kc, Some("blue"), &["10.64.0.0/24"]).to_string();
+    let red = kubernetes_conf("k8s-red", &kc, Some("red"), &["10.64.0.0/24"]).to_string();
+    assert_eq!(add(&blue, "cid-blue", "blue").ips(), ["10.64.0.1/24"]);
+    assert_eq!(add(&red, "cid-red", "red").ips(), ["10.64.0.1/24"]);
+    assert_eq!(
+        objects.allocations("blue-10.64.0.0-24").unwrap()["1"],
+        entry("cid-blue", "blue", "eth0")
+    );
+    assert_eq!(
+        objects.allocations("red-10.64.0.0-24").unwrap()["1"],
+        entry("cid-red", "red", "eth0")
+    );
+    let reservations = objects.reservations().unwrap();
+    assert_eq!(reservations["blue-10.64.0.1"]["podref"], "default/blue");
+    assert_eq!(reservations["red-10.64.0.1"]["podref"], "default/red");
+}
+
+#[test]
+fn a_failing_later_range_rolls_back_the_earlier_ones() {
+    let cluster = shared();
+    let ns = "thab-rollback";
+    let objects = Objects::admin_in(&cluster, ns).unwrap();
+    objects.ensure_namespace(ns).unwrap();
+    for (name, range) in [
+        ("10.67.0.0-24", "10.67.0.0/24"),
+        ("10.68.0.0-24", "10.68.0.0/24"),
+    ] {
+        objects
+            .create(IPPOOLS, &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool", "metadata": {"name": name}, "spec": {"range": range, "allocations": {}}}))
+            .unwrap();
+    }
+    // The plugin identity may read both pools but patch only the first, so the
+    // second range's write fails after the first one's succeeded.
+    objects
+        .apply(&format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: thab-rollback, namespace: {ns}}}\nrules:\n\
+             - {{apiGroups: [{GROUP}], resources: [ippools], verbs: [get, list, create]}}\n\
+             - {{apiGroups: [{GROUP}], resources: [ippools], verbs: [patch], resourceNames: [10.67.0.0-24]}}\n\
+             - {{apiGroups: [{GROUP}], resources: [overlappingrangeipreservations], verbs: [get, create, delete]}}\n\
+             ---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: thab-rollback, namespace: {ns}}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: thab-rollback}}\n\
+             subjects: [{{kind: ServiceAccount, name: thereabouts, namespace: kube-system}}]\n"
+        ))
+        .unwrap();
+    block_on(cluster.wait_plugin_allowed("delete", GROUP, "overlappingrangeipreservations", ns))
+        .unwrap();
+    let tmp = TempDir::new("k8s-rollback");
+    let kubeconfig = tmp.path().join("rollback.kubeconfig");
+    kubeconfig_variant(&cluster.plugin_kubeconfig(), &kubeconfig, |kc| {
+        kc["contexts"][0]["context"]["namespace"] = json!(ns)
+    })
+    .unwrap();
+    let log = tmp.path().join("plugin.log");
+    let conf = with_debug_log(
+        kubernetes_conf(
+            "k8s-rollback",
+            &kubeconfig,
+            None,
+            &["10.67.0.0/24", "10.68.0.0/24"],
+        ),
+        &log,
+    )
+    .to_string();
+
+    let failed = add(&conf, "cid-r", "pod-r");
+    let e = failed.expect_cni_error("ADD whose second range cannot be written");
+    let msg = e["msg"].as_str().unwrap();
+    assert_eq!(e["code"], 999, "{e}");
+    assert!(
+        msg.contains("denied patching IPPool thab-rollback/10.68.0.0-24")
+            && msg.contains("cannot patch resource \"ippools\""),
+        "{msg}"
+    );
+    let requests = shape(&api_requests(&log));
+    eprintln!(
+        "API requests, rolled-back ADD:\n  {}",
+        requests.join("\n  ")
+    );
+    assert_eq!(
+        requests,
+        [
+            "GET ippools -> ok",
+            "GET ippools -> ok",
+            "POST reservations -> ok",
+            "POST reservations -> ok",
+            "PATCH ippools -> ok",
+            "PATCH ippools -> 403 Forbidden",
+            "PATCH ippools -> ok",
+            "DELETE reservations -> ok",
+            "DELETE reservations -> ok"
+        ]
+    );
+    // Nothing of the failed ADD remains.
+    assert!(objects.allocations("10.67.0.0-24").unwrap().is_empty());
+    assert!(objects.allocations("10.68.0.0-24").unwrap().is_empty());
+    assert!(objects.reservations().unwrap().is_empty());
+
+    // A range that is full fails the ADD before anything is written.
+    let kc = cluster.plugin_kubeconfig();
+    let small = kubernetes_conf("k8s-small", &kc, None, &["10.70.0.0/30"]).to_string();
+    add(&small, "cid-s1", "s1").expect_ok("ADD s1");
+    add(&small, "cid-s2", "s2").expect_ok("ADD s2");
+    let both =
+        kubernetes_conf("k8s-both", &kc, None, &["10.69.0.0/24", "10.70.0.0/30"]).to_string();
+    let e = add(&both, "cid-s3", "s3").expect_cni_error("ADD with the second range full");
+    assert!(
+        e["msg"]
+            .as_str()
+            .unwrap()
+            .contains("Could not allocate IP in range"),
+        "{e}"
+    );
+    let kube_system = Objects::admin(&cluster).unwrap();
+    assert_eq!(
+        kube_system.get(IPPOOLS, "10.69.0.0-24").unwrap(),
+        None,
+        "the first range's pool was not even created"
+    );
+    assert!(
+        !kube_system
+            .reservations()
+            .unwrap()
+            .contains_key("10.69.0.1")
+    );
+}
+
+/// Concurrent ADD processes on one dual-stack config, while another writer keeps
+/// changing the same pool object: every conflict (422 from the failed
+/// `resourceVersion` test, reservations taken by a racing pod) is retried, no
+/// address is handed out twice, and the DELs leave nothing behind.
+#[test]
+fn concurrent_adds_under_interference_hand_out_unique_addresses() {
+    const PODS: usize = 12;
+    let cluster = shared();
+    let objects = Objects::admin(&cluster).unwrap();
+    let tmp = TempDir::new("k8s-burst");
+    let log = tmp.path().join("plugin.log");
+    let conf = with_debug_log(
+        kubernetes_conf(
+            "k8s-burst",
+            &cluster.plugin_kubeconfig(),
+            None,
+            &["10.74.0.0/24", "fd74::/64"],
+        ),
+        &log,
+    )
+    .to_string();
+    add(&conf, "cid-first", "first").expect_ok("first ADD (creates the pools)");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let interferer = {
+        let stop = stop.clone();
+        let objects = Objects::admin(&cluster).unwrap();
+        std::thread::spawn(move || {
+            let mut writes = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                objects
+                    .annotate(
+                        IPPOOLS,
+                        "10.74.0.0-24",
+                        "example.com/touched",
+                        &writes.to_string(),
+                    )
+                    .unwrap();
+                writes += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            writes
+        })
+    };
+    let started = Instant::now();
+    let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..PODS)
+            .map(|i| {
+                let conf = &conf;
+                scope.spawn(move || add(conf, &format!("cid-{i}"), &format!("burst-{i}")))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = interferer.join().unwrap();
+    for o in &outcomes {
+        o.expect_ok("concurrent ADD");
+    }
+    let all = addresses(&outcomes);
+    let mut unique = all.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        2 * PODS,
+        "an address was handed out twice: {all:?}"
+    );
+    let conflicts = std::fs::read_to_string(&log)
+        .unwrap()
+        .matches("changed concurrently; planning again")
+        .count();
+    let slowest = outcomes.iter().map(|o| o.elapsed).max().unwrap();
+    eprintln!(
+        "{PODS} concurrent dual-stack ADDs in {:?} (slowest {slowest:?}), {writes} interfering writes: {conflicts} conflicts retried",
+        started.elapsed()
+    );
+    assert!(conflicts > 0, "the test should provoke conflicts");
+    assert_eq!(objects.allocations("10.74.0.0-24").unwrap().len(), PODS + 1);
+    assert_eq!(objects.allocations("fd74---64").unwrap().len(), PODS + 1);
+    assert_eq!(
+        objects
+            .reservations()
+            .unwrap()
+            .keys()
+            .filter(|n| n.starts_with("10.74.") || n.starts_with("fd74-"))
+            .count(),
+        2 * (PODS + 1)
+    );
+    assert_eq!(
+        objects.get(IPPOOLS, "10.74.0.0-24").unwrap().unwrap()["metadata"]["annotations"]["example.com/touched"],
+        (writes - 1).to_string(),
+        "the other writer's field survives"
+    );
+
+    std::thread::scope(|scope| {
+        for i in 0..PODS {
+            let conf = &conf;
+            scope.spawn(move || {
+                del(conf, &format!("cid-{i}"), &format!("burst-{i}")).expect_ok("concurrent DEL");
+            });
+        }
+    });
+    del(&conf, "cid-first", "first").expect_ok("DEL first");
+    assert!(
+        objects.allocations("10.74.0.0-24").unwrap().is_empty()
+            && objects.allocations("fd74---64").unwrap().is_empty()
+    );
+    let left: Vec<(String, Value)> = objects
+        .reservations()
+        .unwrap()
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("10.74.") || n.starts_with("fd74-"))
+        .collect();
+    assert!(left.is_empty(), "reservations left behind: {left:?}");
+}
+
+#[test]
+fn bad_kubeconfigs_and_missing_rights_are_clear_errors_that_write_nothing() {
+    let cluster = shared();
+    let tmp = TempDir::new("k8s-badkc");
+    let ranges = ["10.71.0.0/24"];
+
+    let missing = tmp.path().join("missing.kubeconfig");
+    let conf = kubernetes_conf("k8s-bad", &missing, None, &ranges).to_string();
+    let e = add(&conf, "cid-1", "p1").expect_cni_error("ADD with a missing kubeconfig");
+    assert_eq!(e["code"], 7, "{e}");
+    assert!(
+        e["msg"]
+            .as_str()
+            .unwrap()
+            .contains(missing.to_str().unwrap()),
+        "{e}"
+    );
+    assert_eq!(
+        del(&conf, "cid-1", "p1").expect_cni_error("DEL with a missing kubeconfig")["code"],
+        7
+    );
+
+    let garbage = tmp.path().join("garbage.kubeconfig");
+    std::fs::write(&garbage, "clusters: [oops").unwrap();
+    let e = add(
+        &kubernetes_conf("k8s-bad", &garbage, None, &ranges).to_string(),
+        "cid-1",
+        "p1",
+    )
+    .expect_cni_error("ADD with an unparsable kubeconfig");
+    assert_eq!(e["code"], 7, "{e}");
+
+    // A token the apiserver does not know: 401, named.
+    let wrong_token = tmp.path().join("wrong-token.kubeconfig");
+    kubeconfig_variant(&cluster.plugin_kubeconfig(), &wrong_token, |kc| {
+        kc["users"][0]["user"]["token"] = json!("not-a-valid-token")
+    })
+    .unwrap();
+    let conf = kubernetes_conf("k8s-bad", &wrong_token, None, &ranges).to_string();
+    let e = add(&conf, "cid-1", "p1").expect_cni_error("ADD with a wrong token");
+    let msg = e["msg"].as_str().unwrap();
+    assert_eq!(e["code"], 999, "{e}");
+    assert!(
+        msg.contains(&cluster.server_url()) && msg.contains("401"),
+        "{msg}"
+    );
+
+    // The plugin identity in a namespace its Role does not cover: 403, naming it.
+    let elsewhere = tmp.path().join("default-ns.kubeconfig");
+    kubeconfig_variant(&cluster.plugin_kubeconfig(), &elsewhere, |kc| {
+        kc["contexts"][0]["context"]["namespace"] = json!("default")
+    })
+    .unwrap();
+    let conf = kubernetes_conf("k8s-bad", &elsewhere, None, &ranges).to_string();
+    let e = add(&conf, "cid-1", "p1").expect_cni_error("ADD in a forbidden namespace");
+    let msg = e["msg"].as_str().unwrap();
+    assert_eq!(e["code"], 999, "{e}");
+    assert!(
+        msg.contains("forbidden")
+            && msg.contains("cannot get resource \"ippools\"")
+            && msg.contains("namespace \"default\""),
+        "{msg}"
+    );
+    let e = run(&Call::global("STATUS"), &conf, &[])
+        .expect_cni_error("STATUS in a forbidden namespace");
+    assert_eq!(e["code"], 50, "{e}");
+
+    // Nothing was written anywhere.
+    for ns in [NAMESPACE, "default"] {
+        let objects = Objects::admin_in(&cluster, ns).unwrap();
+        assert_eq!(objects.get(IPPOOLS, "10.71.0.0-24").unwrap(), None, "{ns}");
+        assert!(
+            !objects.reservations().unwrap().contains_key("10.71.0.1"),
+            "{ns}"
+        );
+    }
+}
+
+#[test]
+fn apiserver_down_is_try_again_later_within_the_deadline() {
+    let cluster = prepared_cluster();
+    let objects = Objects::admin(&cluster).unwrap();
+    let conf = kubernetes_conf(
+        "k8s-down",
+        &cluster.plugin_kubeconfig(),
+        None,
+        &["10.72.0.0/24", "fd72::/64"],
+    )
+    .to_string();
+    add(&conf, "cid-1", "p1").expect_ok("ADD before the outage");
+
+    cluster.stop_apiserver();
+    let budget = [("THEREABOUTS_TIMEOUT_MS", "3000")];
+    let down = run(&Call::pod("ADD", "cid-2", "p2"), &conf, &budget);
+    let e = down.expect_cni_error("ADD while the apiserver is down");
+    assert_eq!(e["code"], 11, "{}", down.describe());
+    let msg = e["msg"].as_str().unwrap();
+    assert!(
+        msg.contains(&cluster.server_url()) && msg.contains("unavailable"),
+        "{msg}"
+    );
+    assert!(
+        down.elapsed < Duration::from_secs(5),
+        "answered after {:?}",
+        down.elapsed
+    );
+    let e = run(&Call::pod("DEL", "cid-1", "p1"), &conf, &budget)
+        .expect_cni_error("DEL while the apiserver is down");
+    assert_eq!(e["code"], 11, "{e}");
+    let e = run(&Call::global("STATUS"), &conf, &budget)
+        .expect_cni_error("STATUS while the apiserver is down");
+    assert_eq!(e["code"], 50, "{e}");
+
+    cluster
+        .start_apiserver()
+        .expect("restarting kube-apiserver");
+    // Nothing of the failed calls remains; the next ADD continues where it was.
+    assert_eq!(
+        objects
+            .allocations("10.72.0.0-24")
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["1"]
+    );
+    assert_eq!(
+        add(&conf, "cid-2", "p2").ips(),
+        ["10.72.0.2/24", "fd72::2/64"]
+    );
+    del(&conf, "cid-1", "p1").expect_ok("DEL after the outage");
+    assert_eq!(
+        objects
+            .allocations("fd72---64")
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["2"]
+    );
+}
+
+/// An apiserver that accepts connections and never answers: the call still
+/// ends (code 11) within its budget.
+#[test]
+fn an_unresponsive_apiserver_is_bounded_by_the_deadline() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let _hold = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    let tmp = TempDir::new("k8s-silent");
+    let kubeconfig = tmp.path().join("silent.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: silent\n  cluster: {{server: 'https://127.0.0.1:{port}', insecure-skip-tls-verify: true}}\n\
+             users:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: c\n  context: {{cluster: silent, user: u}}\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    let conf = kubernetes_conf("k8s-silent", &kubeconfig, None, &["10.73.0.0/24"]).to_string();
+    let out = run(
+        &Call::pod("ADD", "cid-1", "p1"),
+        &conf,
+        &[("THEREABOUTS_TIMEOUT_MS", "1500")],
+    );
+    let e = out.expect_cni_error("ADD against a silent apiserver");
+    assert_eq!(e["code"], 11, "{}", out.describe());
+    assert!(
+        e["msg"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("https://127.0.0.1:{port}")),
+        "{e}"
+    );
+    assert!(
+        out.elapsed < Duration::from_millis(4000),
+        "answered after {:?}",
+        out.elapsed
+    );
+}
