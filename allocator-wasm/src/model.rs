@@ -118,6 +118,9 @@ pub struct Request {
     pub pod_ref: String,
     pub ifname: String,
     pub requested_ip: Option<String>,
+    /// Conflicts this call already met (0: lowest free, whereabouts' rule). See
+    /// `request.contention` in the WIT and [`crate::planner::spread_window`].
+    pub contention: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -2,6 +2,11 @@
 //! walking the range: the cost is O(k log e) for k pool entries and e excluded
 //! blocks, whatever the range's size (a /64 costs what a /24 costs).
 //!
+//! Under contention (a request that already lost `c` races for the pool) the
+//! choice spreads over the lowest 2^c free addresses instead (see
+//! [`spread_window`]): always a free address of the range, but not necessarily
+//! the lowest, so concurrent writers stop planning the same one.
+//!
 //! The idea: the addresses that may be handed out are [first, last] minus the
 //! excluded blocks. Number them 0, 1, 2, … in address order ("ranks"). With k
 //! entries taken, the lowest free rank is at most k, so a bitmap of k+1 ranks,
@@ -162,6 +167,36 @@ fn is_same_attachment(entry: &Allocation, req: &Request) -> bool {
         && if req.pod_ref.is_empty() { entry.container_id == req.container_id } else { entry.pod_ref == req.pod_ref }
 }
 
+/// The window doubles with every conflict up to 2^`MAX_SPREAD_DOUBLINGS` = 256
+/// addresses: enough for hundreds of simultaneous ADDs on one pool to part after a
+/// handful of conflicts, while a pool's addresses stay packed near its start.
+pub const MAX_SPREAD_DOUBLINGS: u32 = 8;
+
+/// How many of the lowest free addresses a request with `contention` conflicts
+/// behind it chooses among: 1 (the lowest, whereabouts' rule) without contention,
+/// else 2^min(contention, [`MAX_SPREAD_DOUBLINGS`]). n requests that all planned the
+/// same address and lost (one of them won) thus spread over 2, 4, 8, ... candidates:
+/// about log2(n) conflicts each instead of one winner per round.
+pub fn spread_window(contention: u32) -> usize {
+    1 << contention.min(MAX_SPREAD_DOUBLINGS)
+}
+
+/// Which of `window` candidates a contended request takes: a hash (FNV-1a, then
+/// the SplitMix64 finalizer) of its container ID, interface and contention, so
+/// two contenders rarely pick the same one, a request picks anew after every
+/// conflict, and the same request on the same pool always gets the same answer.
+fn spread_index(req: &Request, window: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in req.container_id.bytes().chain([0xff]).chain(req.ifname.bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= u64::from(req.contention).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    (h % window as u64) as usize
+}
+
 /// Plan one range. See `plan` in the WIT.
 pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> PlanOutcome {
     if let Some((index, entry)) = pool.held.iter().enumerate().find(|(_, e)| is_same_attachment(e, req)) {
@@ -170,7 +205,16 @@ pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> Plan
     if let Some(text) = &req.requested_ip {
         return plan_requested(range, pool.occupied(), text);
     }
-    match FreeRanks::new(range, pool, 1).next_offset() {
+    let window = spread_window(req.contention);
+    let mut free = FreeRanks::new(range, pool, window);
+    let chosen = if window == 1 {
+        free.next_offset()
+    } else {
+        // The first `window` free addresses (fewer when the range has fewer).
+        let candidates: Vec<u128> = std::iter::from_fn(|| free.next_offset()).take(window).collect();
+        (!candidates.is_empty()).then(|| candidates[spread_index(req, candidates.len())])
+    };
+    match chosen {
         Some(offset) => PlanOutcome::Fresh { assignment: assignment(range, offset) },
         None => PlanOutcome::Exhausted { message: exhausted_message(range) },
     }

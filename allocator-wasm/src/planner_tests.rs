@@ -13,7 +13,7 @@ fn range_with(text: &str, exclude: &[&str]) -> NormalizedRange {
 }
 
 fn req(pod: &str, ifname: &str) -> Request {
-    Request { container_id: format!("c-{pod}-{ifname}"), pod_ref: format!("default/{pod}"), ifname: ifname.into(), requested_ip: None }
+    Request { container_id: format!("c-{pod}-{ifname}"), pod_ref: format!("default/{pod}"), ifname: ifname.into(), requested_ip: None, contention: 0 }
 }
 
 fn taken(offsets: &[u128]) -> PoolSnapshot {
@@ -72,6 +72,114 @@ fn reserved_offsets_count_as_taken() {
     assert_eq!(fresh_ip(plan(&r, &pool, &req("a", "eth0"))), "192.0.2.3/24");
 }
 
+fn contended(pod: &str, contention: u32) -> Request {
+    Request { contention, ..req(pod, "eth0") }
+}
+
+fn fresh_offset(outcome: PlanOutcome) -> u128 {
+    match outcome {
+        PlanOutcome::Fresh { assignment } => assignment.offset,
+        other => panic!("expected a fresh address, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_spread_window_doubles_per_conflict_up_to_256() {
+    let windows: Vec<usize> = [0, 1, 2, 3, 7, 8, 9, 1000, u32::MAX].iter().map(|&c| spread_window(c)).collect();
+    assert_eq!(windows, [1, 2, 4, 8, 128, 256, 256, 256, 256]);
+}
+
+#[test]
+fn without_contention_the_lowest_free_address_whatever_the_pod() {
+    let r = range("192.0.2.0/24");
+    for pod in 0..50 {
+        assert_eq!(fresh_offset(plan(&r, &taken(&[1, 2, 4]), &contended(&format!("p{pod}"), 0))), 3);
+    }
+}
+
+#[test]
+fn under_contention_a_pod_takes_one_of_the_first_2_pow_c_free_addresses() {
+    // Free, in order: 3, 6, 7, 9, 10, 11, ... (4, 5 excluded; 8 reserved).
+    let r = range_with("192.0.2.0/24", &["192.0.2.4/31"]);
+    let pool = PoolSnapshot { reserved: vec![8], ..taken(&[1, 2]) };
+    let free: Vec<u128> = (1..=254).filter(|o| ![1, 2, 4, 5, 8].contains(o)).collect();
+    for c in 1..=10u32 {
+        let window = &free[..spread_window(c).min(free.len())];
+        let mut seen = std::collections::BTreeSet::new();
+        for pod in 0..1000 {
+            let offset = fresh_offset(plan(&r, &pool, &contended(&format!("p{pod}"), c)));
+            assert!(window.contains(&offset), "contention {c}: {offset} is not among the first {} free", window.len());
+            seen.insert(offset);
+        }
+        // 1000 pods over the window: a uniform hash uses every candidate of a small
+        // window and ~98% of 256 (1 - e^-3.9).
+        let floor = if window.len() <= 32 { window.len() } else { window.len() * 9 / 10 };
+        assert!(seen.len() >= floor, "contention {c}: 1000 pods used only {} of {} candidates", seen.len(), window.len());
+    }
+}
+
+#[test]
+fn the_contended_choice_is_deterministic_and_changes_with_the_contention() {
+    let r = range("10.0.0.0/16");
+    let pool = taken(&[1, 3]);
+    let pick = |pod: &str, c: u32| fresh_offset(plan(&r, &pool, &contended(pod, c)));
+    assert_eq!(pick("a", 5), pick("a", 5));
+    // Over eight conflicts a pod does not keep landing on the same candidate.
+    let picks: std::collections::BTreeSet<u128> = (1..=8).map(|c| pick("a", c)).collect();
+    assert!(picks.len() > 1, "{picks:?}");
+    // The interface is part of the hash: two interfaces of one container part too.
+    let (eth0, net1) = (0..32).map(|i| format!("ctr-{i}")).fold((Vec::new(), Vec::new()), |(mut a, mut b), pod| {
+        a.push(fresh_offset(plan(&r, &pool, &Request { contention: 8, ..req(&pod, "eth0") })));
+        b.push(fresh_offset(plan(&r, &pool, &Request { contention: 8, ..req(&pod, "net1") })));
+        (a, b)
+    });
+    assert_ne!(eth0, net1);
+}
+
+#[test]
+fn contention_spreads_hundreds_of_racing_pods() {
+    // 200 pods that all lost a race at contention 8: over the first 256 free
+    // addresses most of them part (a uniform pick gives ~138 distinct ones, so
+    // ~138 of them can win the next round), instead of all 200 planning the
+    // lowest free one as they do at contention 0.
+    let r = range("10.0.0.0/16");
+    let distinct = |c: u32| (0..200).map(|pod| fresh_offset(plan(&r, &taken(&[]), &contended(&format!("pod-{pod}"), c)))).collect::<std::collections::BTreeSet<_>>().len();
+    assert_eq!(distinct(0), 1);
+    assert!(distinct(8) > 120, "{}", distinct(8));
+}
+
+#[test]
+fn contention_never_leaves_the_range_or_finds_more_than_is_free() {
+    // Fewer free addresses than the window: one of those, never anything else.
+    let r = range_with("192.0.2.0/29", &["192.0.2.3"]);
+    for pod in 0..64 {
+        let offset = fresh_offset(plan(&r, &taken(&[1, 2, 5]), &contended(&format!("p{pod}"), 8)));
+        assert!([4, 6].contains(&offset), "{offset}");
+        assert_eq!(fresh_offset(plan(&r, &taken(&[1, 2, 4, 5]), &contended(&format!("p{pod}"), 3))), 6);
+    }
+    assert_eq!(
+        plan(&r, &taken(&[1, 2, 4, 5, 6]), &contended("p", 4)),
+        PlanOutcome::Exhausted { message: exhausted_message(&r) },
+        "a full range is exhausted under contention too"
+    );
+    // A reused address and a requested one do not move under contention.
+    let held = vec![Allocation { offset: 5, container_id: "old".into(), pod_ref: "default/p".into(), ifname: "eth0".into() }];
+    let pool = PoolSnapshot { held, ..taken(&[5]) };
+    assert!(matches!(plan(&r, &pool, &contended("p", 6)), PlanOutcome::Reuse { held_index: 0, .. }));
+    let requested = Request { requested_ip: Some("192.0.2.6".into()), ..contended("q", 6) };
+    assert_eq!(fresh_offset(plan(&r, &taken(&[]), &requested)), 6);
+}
+
+#[test]
+fn plan_all_under_contention_stays_disjoint_across_shared_pools() {
+    let c = config(&["192.0.2.0/24", "192.0.2.0/24", "192.0.2.0/28"]);
+    for pod in 0..100 {
+        let out = plan_all(&c, &[taken(&[]), taken(&[]), taken(&[])], &contended(&format!("p{pod}"), 3)).unwrap();
+        let ips: std::collections::BTreeSet<String> = out.iter().map(|o| o.assignment().unwrap().ip.clone()).collect();
+        assert_eq!(ips.len(), 3, "{ips:?}");
+    }
+}
+
 #[test]
 fn same_pod_and_interface_reuses_its_address() {
     let r = range("192.0.2.0/24");
@@ -93,7 +201,7 @@ fn without_pod_ref_container_id_and_ifname_identify_the_attachment() {
     let r = range("192.0.2.0/24");
     let held = vec![Allocation { offset: 4, container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into() }];
     let pool = PoolSnapshot { held, ..taken(&[4]) };
-    let request = Request { container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into(), requested_ip: None };
+    let request = Request { container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into(), requested_ip: None, contention: 0 };
     assert!(matches!(plan(&r, &pool, &request), PlanOutcome::Reuse { .. }));
 }
 

@@ -176,11 +176,17 @@ macro_rules! wit_conversions {
             }
 
             pub fn request_to_wit(r: &model::Request) -> wit::Request {
-                wit::Request { container_id: r.container_id.clone(), pod_ref: r.pod_ref.clone(), ifname: r.ifname.clone(), requested_ip: r.requested_ip.clone() }
+                wit::Request {
+                    container_id: r.container_id.clone(),
+                    pod_ref: r.pod_ref.clone(),
+                    ifname: r.ifname.clone(),
+                    requested_ip: r.requested_ip.clone(),
+                    contention: r.contention,
+                }
             }
 
             pub fn request_from_wit(r: wit::Request) -> model::Request {
-                model::Request { container_id: r.container_id, pod_ref: r.pod_ref, ifname: r.ifname, requested_ip: r.requested_ip }
+                model::Request { container_id: r.container_id, pod_ref: r.pod_ref, ifname: r.ifname, requested_ip: r.requested_ip, contention: r.contention }
             }
 
             pub fn assignment_to_wit(a: model::Assignment) -> wit::Assignment {

@@ -46,7 +46,7 @@ fn normalize_entry(entry: &serde_json::Value) -> Option<NormalizedConfig> {
 }
 
 fn req(i: usize) -> Request {
-    Request { container_id: format!("c{i}"), pod_ref: format!("ns/pod{i}"), ifname: "eth0".into(), requested_ip: None }
+    Request { container_id: format!("c{i}"), pod_ref: format!("ns/pod{i}"), ifname: "eth0".into(), requested_ip: None, contention: 0 }
 }
 
 proptest! {
@@ -69,6 +69,42 @@ proptest! {
             }
             (PlanOutcome::Exhausted { .. }, None) => {}
             (got, want) => prop_assert!(false, "got {:?}, brute force says {:?}", got, want),
+        }
+    }
+
+    #[test]
+    fn under_contention_the_choice_is_a_free_address_among_the_lowest(
+        entry in range_config(),
+        taken in proptest::collection::vec(0u128..400, 0..200),
+        reserved in proptest::collection::vec(0u128..400, 0..20),
+        contention in 0u32..12,
+        pod in 0usize..1000,
+    ) {
+        let Some(config) = normalize_entry(&entry) else { return Ok(()) };
+        let r = &config.ranges[0];
+        let excluded = |o: u128| r.excluded.iter().any(|&(lo, hi)| o >= lo && o <= hi);
+        let occupied: BTreeSet<u128> = taken.iter().chain(&reserved).copied().collect();
+        // Brute force: the free addresses of the range, lowest first.
+        let free: Vec<u128> = (r.first_offset..=r.last_offset).filter(|o| !excluded(*o) && !occupied.contains(o)).collect();
+        let window = if contention == 0 { 1 } else { 1usize << contention.min(8) };
+        let pool = PoolSnapshot { reserved: reserved.clone(), ..PoolSnapshot::with_taken(taken.iter().copied()) };
+        let request = Request { contention, ..req(pod) };
+        match plan(r, &pool, &request) {
+            PlanOutcome::Fresh { assignment } => {
+                let o = assignment.offset;
+                prop_assert!(o >= r.first_offset && o <= r.last_offset, "{} outside [{}, {}]", o, r.first_offset, r.last_offset);
+                prop_assert!(!excluded(o), "{} is excluded", o);
+                prop_assert!(!occupied.contains(&o), "{} is taken or reserved", o);
+                let position = free.iter().position(|&f| f == o);
+                prop_assert!(position.is_some_and(|p| p < window), "{} is not among the first {} free addresses {:?}", o, window, &free[..window.min(free.len())]);
+                if contention == 0 {
+                    prop_assert_eq!(o, free[0], "contention 0 is the lowest free address");
+                }
+                // Deterministic: the same request on the same pool, the same answer.
+                prop_assert_eq!(plan(r, &pool, &request), PlanOutcome::Fresh { assignment });
+            }
+            PlanOutcome::Exhausted { .. } => prop_assert!(free.is_empty(), "exhausted with {} free", free.len()),
+            other => prop_assert!(false, "unexpected {:?}", other),
         }
     }
 

@@ -41,7 +41,7 @@ fn busy_pool() -> native::PoolSnapshot {
 }
 
 fn request() -> native::Request {
-    native::Request { container_id: "f".repeat(64), pod_ref: "default/bench-pod".into(), ifname: "net1".into(), requested_ip: None }
+    native::Request { container_id: "f".repeat(64), pod_ref: "default/bench-pod".into(), ifname: "net1".into(), requested_ip: None, contention: 0 }
 }
 
 fn plan_benches(c: &mut Criterion) {

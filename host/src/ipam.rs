@@ -1,7 +1,9 @@
 //! The allocation cycle shared by every command and every datastore:
 //! read the pools → let the engine decide → commit all pools at once with
 //! compare-and-swap → on conflict, read again and decide again, with jittered
-//! backoff, until the call's deadline.
+//! backoff, until the call's deadline. The engine is told how many conflicts the
+//! call met (`request.contention`): racing ADDs then spread over the lowest free
+//! addresses instead of all planning the lowest one again.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
@@ -66,14 +68,30 @@ impl Changes {
     }
 }
 
-/// Runs `attempt` until it commits, re-running it after every conflict.
-/// `attempt` returns `None` when there is nothing to commit.
+/// Runs `attempt` until it commits, re-running it after every conflict: it reads
+/// the pools again and plans again. `attempt` gets the number of conflicts met so
+/// far (the engine's `contention`: after a lost race, contenders spread over more
+/// free addresses instead of all planning the lowest one again) and returns no
+/// updates when there is nothing to commit. However the loop ends, the store is
+/// told ([`Datastore::finish`]) so it frees what it kept for a retry.
 fn until_committed<T>(
     store: &dyn Datastore,
     pools: &[PoolId],
     deadline: Instant,
     what: &str,
-    mut attempt: impl FnMut() -> Result<(T, Vec<PoolUpdate>), CniError>,
+    attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), CniError>,
+) -> Result<T, CniError> {
+    let result = commit_loop(store, pools, deadline, what, attempt);
+    store.finish(deadline);
+    result
+}
+
+fn commit_loop<T>(
+    store: &dyn Datastore,
+    pools: &[PoolId],
+    deadline: Instant,
+    what: &str,
+    mut attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), CniError>,
 ) -> Result<T, CniError> {
     let mut backoff = Backoff::new();
     let mut conflicts = 0u32;
@@ -82,7 +100,7 @@ fn until_committed<T>(
         // attempt (and so could not be locked) does after a conflict, and an attempt
         // that keeps planning without the lock would lose to lock holders forever.
         let queued = store.lock_for_update(pools, deadline)?;
-        let (value, updates) = attempt()?;
+        let (value, updates) = attempt(conflicts)?;
         if updates.is_empty() {
             return Ok(value);
         }
@@ -92,6 +110,14 @@ fn until_committed<T>(
                     crate::logging::verbose(format!("{what}: committed after {conflicts} conflict(s)"));
                 }
                 return Ok(value);
+            }
+            Err(DatastoreError::Reserved { pool, name }) => {
+                // Not a race: another range's reservation, recorded by the store.
+                drop(queued);
+                crate::logging::debug(format!("{what}: address {name} of pool {pool} is reserved by an overlapping range; planning around it"));
+                if Instant::now() >= deadline {
+                    return Err(DatastoreError::Timeout { what: format!("{what} (planning around reservations)") }.into());
+                }
             }
             Err(DatastoreError::Conflict { pool }) => {
                 drop(queued); // never sleep holding other writers up
@@ -138,10 +164,11 @@ fn plan_failure(outcome: PlanOutcome) -> CniError {
 /// ADD: one address from every range, all recorded in one commit, or none.
 /// Returns the assignments in range order.
 pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<Vec<Assignment>, CniError> {
-    let request = Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None };
+    let mut request = Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None, contention: 0 };
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
-    until_committed(store, &pools, deadline, "ADD", || {
+    until_committed(store, &pools, deadline, "ADD", |conflicts| {
+        request.contention = conflicts;
         let loaded = load_all(store, &pools)?;
         let mut snapshots = Vec::with_capacity(config.ranges.len());
         for range in &config.ranges {
@@ -191,7 +218,7 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
 pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<usize, CniError> {
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
-    until_committed(store, &pools, deadline, "DEL", || {
+    until_committed(store, &pools, deadline, "DEL", |_| {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();
         let mut removed = 0;
@@ -252,7 +279,7 @@ pub fn collect_garbage(
     }
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
-    until_committed(store, &pools, deadline, "GC", || {
+    until_committed(store, &pools, deadline, "GC", |_| {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();
         let mut removed = Vec::new();
@@ -353,6 +380,64 @@ mod tests {
         assert_eq!(updates.len(), 2);
         assert_eq!((updates[0].pool.name.as_str(), updates[0].expected.clone(), updates[0].changes.len()), ("b", Version("7".into()), 2));
         assert_eq!((updates[1].pool.name.as_str(), updates[1].expected.clone()), ("a", Version::absent()));
+    }
+
+    /// A store whose commits answer from a script; counts `finish` calls.
+    struct Scripted {
+        answers: std::cell::RefCell<Vec<Result<(), DatastoreError>>>,
+        finished: std::cell::Cell<u32>,
+    }
+
+    impl Datastore for Scripted {
+        fn describe(&self) -> String {
+            "scripted".into()
+        }
+        fn load(&self, _pool: &PoolId) -> Result<Pool, DatastoreError> {
+            Ok(Pool::default())
+        }
+        fn commit(&self, _updates: &[PoolUpdate], _deadline: Instant) -> Result<(), DatastoreError> {
+            self.answers.borrow_mut().remove(0)
+        }
+        fn check_usable(&self) -> Result<(), DatastoreError> {
+            Ok(())
+        }
+        fn finish(&self, _deadline: Instant) {
+            self.finished.set(self.finished.get() + 1);
+        }
+    }
+
+    fn scripted(answers: Vec<Result<(), DatastoreError>>) -> Scripted {
+        Scripted { answers: std::cell::RefCell::new(answers), finished: std::cell::Cell::new(0) }
+    }
+
+    fn one_update() -> Vec<PoolUpdate> {
+        vec![PoolUpdate { pool: pool("p"), expected: Version::absent(), changes: vec![Change::Remove { offset: 1 }] }]
+    }
+
+    #[test]
+    fn attempts_learn_the_conflicts_met_and_the_store_is_told_when_the_cycle_ends() {
+        let conflict = || Err(DatastoreError::Conflict { pool: "p".into() });
+        let reserved = || Err(DatastoreError::Reserved { pool: "p".into(), name: "192.0.2.1".into() });
+        // Two races and another range's reservation, then success: the reservation
+        // is planned around at once and does not count as contention.
+        let store = scripted(vec![conflict(), reserved(), conflict(), Ok(())]);
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let out = until_committed(&store, &[pool("p")], deadline, "ADD", |contention| {
+            seen.push(contention);
+            Ok((contention, one_update()))
+        });
+        assert_eq!(out.unwrap(), 2);
+        assert_eq!(seen, [0, 1, 1, 2]);
+        assert_eq!(store.finished.get(), 1);
+        // Failing calls end the cycle too, and the store hears of it.
+        let store = scripted(vec![conflict(), Err(DatastoreError::Unavailable { server: "s".into(), action: "a".into(), detail: "d".into() })]);
+        assert_eq!(until_committed(&store, &[pool("p")], deadline, "ADD", |_| Ok(((), one_update()))).unwrap_err().code, 11);
+        assert_eq!(store.finished.get(), 1);
+        let store = scripted(vec![conflict()]);
+        let failed = until_committed(&store, &[pool("p")], deadline, "ADD", |c| if c == 0 { Ok(((), one_update())) } else { Err(CniError::new(code::INTERNAL, "plan failed")) });
+        assert_eq!(failed.unwrap_err().msg, "plan failed");
+        assert_eq!(store.finished.get(), 1);
     }
 
     #[test]

@@ -74,10 +74,15 @@ fn component_answers_exactly_like_the_native_engine() {
         let mut pool = native::PoolSnapshot::with_taken([8, 9, 11, (1u128 << 80) + 1]);
         pool.reserved = vec![12];
         let pools = vec![pool; config.ranges.len()];
-        let request = native::Request { container_id: "c1".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), requested_ip: None };
+        let request = native::Request { container_id: "c1".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), requested_ip: None, contention: 0 };
         assert_eq!(engine.plan_all(&config, &pools, &request).unwrap(), native::plan_all(&config, &pools, &request));
         assert_eq!(engine.preview(&config, &pools, 50).unwrap(), native::preview(&config, &pools, 50));
         assert_eq!(engine.preview_table(&config, &pools, 50).unwrap(), native::preview_table(&config, &pools, 50));
+        // Under contention the spread pick (a hash) crosses the boundary unchanged.
+        for contention in [1, 3, 8, 40] {
+            let contended = native::Request { contention, ..request.clone() };
+            assert_eq!(engine.plan_all(&config, &pools, &contended).unwrap(), native::plan_all(&config, &pools, &contended), "contention {contention}");
+        }
         for range in &config.ranges {
             assert_eq!(engine.plan(range, &pools[0], &request).unwrap(), native::plan(range, &pools[0], &request));
             assert_eq!(engine.pool_name(&range.cidr, &config.network_name).unwrap().unwrap(), range.pool_name);

@@ -114,7 +114,7 @@ export function configWarnings(engine, config) {
     // Inside [first, last]: ask the engine whether a pod could actually be given it
     // (a request for exactly that address on an empty pool; excluded => rejected).
     const outcome = engine.plan(r, emptyPool(),
-      { containerId: 'playground-gateway-check', podRef: 'playground/gateway-check', ifname: 'net1', requestedIp: r.gateway });
+      { containerId: 'playground-gateway-check', podRef: 'playground/gateway-check', ifname: 'net1', requestedIp: r.gateway, contention: 0 });
     if (outcome.tag === 'fresh') {
       warnings.push({ kind: 'gateway', ranges: [i], text: `Range ${i + 1} (${r.cidr}): gateway ${r.gateway} is inside the allocatable span ${r.first} – ${r.last} and not excluded, so a pod can be given the gateway's address. Exclude it or move range_start past it.` });
     }
@@ -209,7 +209,7 @@ export class Simulation {
     const work = this.snapshots();
     for (let k = 0; k < add; k++) {
       const pod = this.nextPod++;
-      const req = { containerId: `playground-${pod}`, podRef: `playground/pod-${pod}`, ifname: 'net1', requestedIp: undefined };
+      const req = { containerId: `playground-${pod}`, podRef: `playground/pod-${pod}`, ifname: 'net1', requestedIp: undefined, contention: 0 };
       let cells;
       try {
         cells = this.engine.planAll(this.config, Simulation.lower(work), req).map(cellOf);

@@ -1,8 +1,9 @@
 //! Where allocations live. One trait for every backend (the embedded file store,
 //! Kubernetes `IPPool`s; etcd next): read a pool with an opaque version,
-//! then commit changes to several pools at once, all or nothing, only if none of
-//! them moved since it was read (compare-and-swap). Planning happens between the
-//! two in the engine, so a backend never decides which address anyone gets.
+//! then commit changes to several pools at once, all or nothing, only if what the
+//! plan relied on is still true (compare-and-swap, see [`Datastore::commit`] for
+//! what each backend compares). Planning happens between the two in the engine,
+//! so a backend never decides which address anyone gets.
 
 pub mod file;
 pub mod kubernetes;
@@ -71,7 +72,9 @@ pub enum Change {
     Unreserve { name: String, holder: Allocation },
 }
 
-/// The changes to one pool, valid only if the pool is still at `expected`.
+/// The changes to one pool, planned on the pool as read at `expected`. How much
+/// of that read must still hold for the changes to apply is the backend's
+/// compare-and-swap (see [`Datastore::commit`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolUpdate {
     pub pool: PoolId,
@@ -84,6 +87,12 @@ pub enum DatastoreError {
     /// A pool moved since it was read: read again, plan again, retry.
     #[error("pool {pool} changed concurrently")]
     Conflict { pool: String },
+    /// An address the plan chose turned out to be reserved already, before the
+    /// pool was read: by an overlapping range, not by a writer racing for it. The
+    /// reservation is now among [`Datastore::reserved`]: plan again around it at
+    /// once (lowest free, no backoff, not a conflict for the engine's `contention`).
+    #[error("address {name} of pool {pool} is reserved by an overlapping range")]
+    Reserved { pool: String, name: String },
     /// The call's time budget ran out (waiting for a lock, or retrying conflicts).
     #[error("datastore busy: {what} did not finish within the time limit")]
     Timeout { what: String },
@@ -128,7 +137,11 @@ impl DatastoreError {
     /// itself, 7 for a datastore location that is wrong in the config, 999 otherwise.
     pub fn cni_code(&self) -> u32 {
         match self {
-            DatastoreError::Conflict { .. } | DatastoreError::Timeout { .. } | DatastoreError::Io { .. } | DatastoreError::Unavailable { .. } => {
+            DatastoreError::Conflict { .. }
+            | DatastoreError::Reserved { .. }
+            | DatastoreError::Timeout { .. }
+            | DatastoreError::Io { .. }
+            | DatastoreError::Unavailable { .. } => {
                 code::TRY_AGAIN_LATER
             }
             DatastoreError::NotADirectory { .. } | DatastoreError::Kubeconfig { .. } => code::INVALID_CONFIG,
@@ -152,12 +165,40 @@ pub trait Datastore {
     fn describe(&self) -> String;
 
     /// The pool's current content; an absent pool is empty with [`Version::absent`].
+    /// Within one read-plan-commit cycle a store whose commit checks entries, not
+    /// versions, may answer from its previous read after a conflict the pool did
+    /// not cause (Kubernetes, after a lost reservation race).
     fn load(&self, pool: &PoolId) -> Result<Pool, DatastoreError>;
 
-    /// Applies every update or none. Fails with [`DatastoreError::Conflict`] when
-    /// some pool is no longer at its expected version; waits for other writers no
-    /// longer than `deadline`.
+    /// Applies every update or none, each only if the pool still agrees with what
+    /// the plan relied on; otherwise fails with [`DatastoreError::Conflict`] (the
+    /// caller reads again and plans again). Waits for other writers no longer than
+    /// `deadline`. What is compared depends on the backend:
+    ///
+    /// - file: the whole pool's version. Any write since the read is a conflict
+    ///   (writers of one node queue on a lock, so this rarely happens).
+    /// - kubernetes: each entry the update touches, not the `resourceVersion`
+    ///   (`expected` only names the object read). An [`Change::Insert`] applies
+    ///   only if its offset is still free, a [`Change::Remove`] or
+    ///   [`Change::SetContainerId`] only if the entry still has the container ID
+    ///   read; other writers' changes to other entries in the meantime do not
+    ///   conflict. That is all an allocation needs (no address twice, never
+    ///   removing someone else's entry), and it lets concurrent ADDs that planned
+    ///   different addresses all succeed. Why this is safe next to whereabouts:
+    ///   [`kubernetes`]'s module documentation.
+    ///
+    /// A store may keep what it set up for a commit that conflicted (the
+    /// Kubernetes store: the reservations of the addresses it planned) so the
+    /// retry can reuse it; [`finish`](Datastore::finish) frees whatever no commit
+    /// used in the end.
     fn commit(&self, updates: &[PoolUpdate], deadline: Instant) -> Result<(), DatastoreError>;
+
+    /// The end of a command's read-plan-commit cycle, however it ended (committed,
+    /// failed, out of time): frees what the store kept across conflicts for a
+    /// retry that will not come. Kubernetes: deletes the reservations this process
+    /// created for addresses no successful commit recorded. Best effort (logged),
+    /// bounded by `deadline` plus a short grace.
+    fn finish(&self, _deadline: Instant) {}
 
     /// Whether the datastore can serve an ADD now (CNI STATUS).
     fn check_usable(&self) -> Result<(), DatastoreError>;
@@ -180,9 +221,12 @@ pub trait Datastore {
     }
 
     /// Offsets of `pool` this store found reserved by someone else (an address an
-    /// overlapping range of another pool holds) since it was opened; the planner
-    /// treats them as taken. A commit that runs into such a reservation reports
-    /// [`DatastoreError::Conflict`] after recording it here.
+    /// overlapping range of another pool holds, or one a racing writer just took)
+    /// since it was opened; the planner treats them as taken. A commit that runs
+    /// into such a reservation records it here, then reports
+    /// [`DatastoreError::Reserved`] when the reservation is older than the pool as
+    /// read (nobody raced: plan again, lowest free around it, as whereabouts
+    /// does) and [`DatastoreError::Conflict`] when it is newer (a racing writer).
     fn reserved(&self, _pool: &PoolId) -> Vec<u128> {
         Vec::new()
     }

@@ -28,6 +28,7 @@
 
 mod apply;
 mod bins;
+pub mod burst;
 pub mod plugin;
 mod process;
 

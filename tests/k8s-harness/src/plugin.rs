@@ -224,6 +224,26 @@ impl Objects {
         .map(|_| ())
     }
 
+    /// Sends a JSON patch (RFC 6902) as the admin: the object written, or the
+    /// API's refusal code (422 when a `test` failed, 404, ...).
+    pub fn json_patch(
+        &self,
+        plural: &str,
+        name: &str,
+        ops: &Value,
+    ) -> Result<std::result::Result<Value, u16>> {
+        let request = http::Request::builder()
+            .method(http::Method::PATCH)
+            .uri(self.path(plural, Some(name)))
+            .header("content-type", "application/json-patch+json")
+            .body(serde_json::to_vec(ops)?)?;
+        match self.runtime.block_on(self.client.request_text(request)) {
+            Ok(text) => Ok(Ok(serde_json::from_str(&text)?)),
+            Err(kube::Error::Api(s)) => Ok(Err(s.code)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub fn delete(&self, plural: &str, name: &str) -> Result<()> {
         self.send(http::Method::DELETE, &self.path(plural, Some(name)), None)
             .map(|_| ())

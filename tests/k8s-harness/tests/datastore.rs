@@ -179,8 +179,9 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     assert_eq!(
         shape(&first),
         [
-            "GET ippools -> 404 NotFound",
-            "GET ippools -> 404 NotFound",
+            // A pool is read as a LIST by name: an absent one is an empty list.
+            "GET ippools -> ok",
+            "GET ippools -> ok",
             "POST reservations -> ok",
             "POST reservations -> ok",
             "POST ippools -> ok",
@@ -627,7 +628,7 @@ fn overlapping_ranges_never_share_an_address() {
     assert_eq!(add(&off_wide, "cid-ow", "ow").ips(), ["10.63.0.1/24"]);
     assert_eq!(
         shape(&api_requests(&log)),
-        ["GET ippools -> 404 NotFound", "POST ippools -> ok"]
+        ["GET ippools -> ok", "POST ippools -> ok"]
     );
     truncate(&log);
     assert_eq!(add(&off_wide, "cid-ow2", "ow2").ips(), ["10.63.0.2/24"]);
@@ -776,9 +777,10 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
 }
 
 /// Concurrent ADD processes on one dual-stack config, while another writer keeps
-/// changing the same pool object: every conflict (422 from the failed
-/// `resourceVersion` test, reservations taken by a racing pod) is retried, no
-/// address is handed out twice, and the DELs leave nothing behind.
+/// changing the same pool object: the racing pods conflict on reservations (all
+/// of them plan the lowest free address first, then spread out), no address is
+/// handed out twice, the other writer's changes never fail a pool patch (they
+/// touch no entry a patch tests), and the DELs leave nothing behind.
 #[test]
 fn concurrent_adds_under_interference_hand_out_unique_addresses() {
     const PODS: usize = 12;
@@ -853,6 +855,14 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
         started.elapsed()
     );
     assert!(conflicts > 0, "the test should provoke conflicts");
+    // Per-entry guards: the annotation writes move the resourceVersion, which no
+    // patch tests, and the reservations keep the racing pods off each other's
+    // offsets, so no pool patch is refused.
+    let refused: Vec<String> = api_requests(&log)
+        .into_iter()
+        .filter(|r| r.starts_with("PATCH") && r.contains("/ippools/") && r.contains("-> 422"))
+        .collect();
+    assert!(refused.is_empty(), "pool patches refused: {refused:?}");
     assert_eq!(objects.allocations("10.74.0.0-24").unwrap().len(), PODS + 1);
     assert_eq!(objects.allocations("fd74---64").unwrap().len(), PODS + 1);
     assert_eq!(
@@ -890,6 +900,268 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
         .filter(|(n, _)| n.starts_with("10.74.") || n.starts_with("fd74-"))
         .collect();
     assert!(left.is_empty(), "reservations left behind: {left:?}");
+}
+
+/// What the Kubernetes datastore's per-entry compare-and-swap relies on, checked
+/// on the real apiserver with the exact patch shapes `host/src/datastore/kubernetes/patch.rs`
+/// sends (its unit tests pin them): a `test` against `null` passes only while the
+/// entry is absent, a failed `test` refuses the whole patch (422) and changes
+/// nothing, a patch without a `resourceVersion` test applies to the object as
+/// stored whatever was written since, and a whereabouts patch (which tests the
+/// `resourceVersion` it read) is refused after any write of ours.
+#[test]
+fn per_entry_guards_are_atomic_on_the_apiserver() {
+    let cluster = shared();
+    let objects = Objects::admin(&cluster).unwrap();
+    let pool = "10.78.0.0-24";
+    objects
+        .create(IPPOOLS, &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool", "metadata": {"name": pool},
+            "spec": {"range": "10.78.0.0/24", "allocations": {"1": entry("cid-1", "p1", "eth0")}}}))
+        .unwrap();
+    let read = resource_version(&objects, pool);
+    let insert = |offset: u32, cid: &str| {
+        json!([
+            {"op": "test", "path": format!("/spec/allocations/{offset}"), "value": null},
+            {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": entry(cid, cid, "eth0")}
+        ])
+    };
+    let whereabouts_insert = |version: &str, offset: u32, cid: &str| {
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            {"op": "test", "path": format!("/spec/allocations/{offset}"), "value": null},
+            {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": entry(cid, cid, "eth0")}
+        ])
+    };
+
+    // Someone (whereabouts, on the version it read) takes offset 5 after our read.
+    objects
+        .json_patch(IPPOOLS, pool, &whereabouts_insert(&read, 5, "cid-wb"))
+        .unwrap()
+        .expect("whereabouts' patch on a fresh read");
+    // Our insert planned on the old read for the same offset: refused, entry intact.
+    assert_eq!(
+        objects
+            .json_patch(IPPOOLS, pool, &insert(5, "cid-late"))
+            .unwrap()
+            .err(),
+        Some(422)
+    );
+    assert_eq!(
+        objects.allocations(pool).unwrap()["5"],
+        entry("cid-wb", "cid-wb", "eth0")
+    );
+    // An insert of another offset applies although the pool moved since our read.
+    let after = objects
+        .json_patch(IPPOOLS, pool, &insert(6, "cid-6"))
+        .unwrap()
+        .expect("an insert of a free offset on a stale read");
+    assert_eq!(
+        after["spec"]["allocations"]["6"],
+        entry("cid-6", "cid-6", "eth0")
+    );
+    assert_ne!(resource_version(&objects, pool), read);
+    // whereabouts planning on its stale read is refused after our write, whatever
+    // offset it wants: it reads again and never overwrites our entries.
+    assert_eq!(
+        objects
+            .json_patch(IPPOOLS, pool, &whereabouts_insert(&read, 7, "cid-wb7"))
+            .unwrap()
+            .err(),
+        Some(422)
+    );
+    assert!(!objects.allocations(pool).unwrap().contains_key("7"));
+
+    // A removal tests the id it read: someone else's entry at that offset stays.
+    let remove = |offset: u32, id: &str| {
+        json!([
+            {"op": "test", "path": format!("/spec/allocations/{offset}/id"), "value": id},
+            {"op": "remove", "path": format!("/spec/allocations/{offset}")}
+        ])
+    };
+    assert_eq!(
+        objects
+            .json_patch(IPPOOLS, pool, &remove(5, "cid-late"))
+            .unwrap()
+            .err(),
+        Some(422)
+    );
+    assert_eq!(
+        objects
+            .json_patch(IPPOOLS, pool, &remove(9, "cid-9"))
+            .unwrap()
+            .err(),
+        Some(422),
+        "an entry that is gone"
+    );
+    objects
+        .json_patch(IPPOOLS, pool, &remove(6, "cid-6"))
+        .unwrap()
+        .expect("removing our own entry");
+    // One refused test refuses the whole patch: nothing of it is applied.
+    let mixed = json!([
+        {"op": "test", "path": "/spec/allocations/8", "value": null},
+        {"op": "add", "path": "/spec/allocations/8", "value": entry("cid-8", "cid-8", "eth0")},
+        {"op": "test", "path": "/spec/allocations/5", "value": null},
+        {"op": "add", "path": "/spec/allocations/5", "value": entry("cid-x", "cid-x", "eth0")}
+    ]);
+    assert_eq!(
+        objects.json_patch(IPPOOLS, pool, &mixed).unwrap().err(),
+        Some(422)
+    );
+    let allocations = objects.allocations(pool).unwrap();
+    assert_eq!(
+        allocations.keys().collect::<Vec<_>>(),
+        ["1", "5"],
+        "{allocations:?}"
+    );
+    objects.delete(IPPOOLS, pool).unwrap();
+}
+
+/// Without `enable_overlapping_ranges` no reservation keeps racing pods apart:
+/// the per-entry guards of the pool patch are the only thing between them. Many
+/// ADD processes (all planning the same lowest free offsets at first) and a
+/// whereabouts-style writer (resourceVersion-tested patches, lowest free first,
+/// retried on 422) fill one dual-stack pool at the same time: every address is
+/// held by exactly the container it was given to, none twice.
+#[test]
+fn racing_writers_without_reservations_never_share_an_address() {
+    const PODS: usize = 16;
+    const WHEREABOUTS: usize = 8;
+    let cluster = shared();
+    let objects = Objects::admin(&cluster).unwrap();
+    let tmp = TempDir::new("k8s-race");
+    let log = tmp.path().join("plugin.log");
+    let mut conf = kubernetes_conf(
+        "k8s-race",
+        &cluster.plugin_kubeconfig(),
+        None,
+        &["10.79.0.0/24", "fd79::/64"],
+    );
+    conf["ipam"]["enable_overlapping_ranges"] = json!(false);
+    let conf = with_debug_log(conf, &log).to_string();
+    let (v4, v6) = ("10.79.0.0-24", "fd79---64");
+    add(&conf, "cid-first", "first").expect_ok("first ADD (creates the pools)");
+
+    // whereabouts' allocation loop on the IPv4 pool: read, lowest free, patch
+    // with the resourceVersion read, again on 422.
+    let whereabouts = {
+        let objects = Objects::admin(&cluster).unwrap();
+        std::thread::spawn(move || {
+            let mut taken = Vec::new();
+            let mut refused = 0;
+            while taken.len() < WHEREABOUTS {
+                let pool = objects.get(IPPOOLS, v4).unwrap().unwrap();
+                let version = pool["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                let used: Vec<u32> = pool["spec"]["allocations"]
+                    .as_object()
+                    .map(|m| m.keys().filter_map(|k| k.parse().ok()).collect())
+                    .unwrap_or_default();
+                let offset = (1..255).find(|o| !used.contains(o)).unwrap();
+                let cid = format!("cid-wb-{}", taken.len());
+                let ops = json!([
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+                    {"op": "test", "path": format!("/spec/allocations/{offset}"), "value": null},
+                    {"op": "add", "path": format!("/spec/allocations/{offset}"), "value": {"id": cid, "podref": format!("other/{cid}"), "ifname": "eth0"}}
+                ]);
+                match objects.json_patch(IPPOOLS, v4, &ops).unwrap() {
+                    Ok(_) => taken.push((offset, cid)),
+                    Err(422) => refused += 1,
+                    Err(code) => panic!("whereabouts-style patch: {code}"),
+                }
+            }
+            (taken, refused)
+        })
+    };
+    let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..PODS)
+            .map(|i| {
+                let conf = &conf;
+                scope.spawn(move || add(conf, &format!("cid-{i}"), &format!("race-{i}")))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (whereabouts_taken, whereabouts_refused) = whereabouts.join().unwrap();
+    for o in &outcomes {
+        o.expect_ok("racing ADD");
+    }
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    let refused = api_requests(&log)
+        .iter()
+        .filter(|r| r.starts_with("PATCH") && r.contains("-> 422"))
+        .count();
+    eprintln!(
+        "{PODS} racing dual-stack ADDs without reservations + {WHEREABOUTS} whereabouts-style inserts: {refused} plugin patches refused by an entry guard, {} conflicts retried; whereabouts refused {whereabouts_refused} times",
+        log_text
+            .matches("changed concurrently; planning again")
+            .count()
+    );
+    assert!(
+        refused > 0,
+        "the ADDs should have raced for the same offsets"
+    );
+
+    // Every address handed out is stored once, under the container it was given to.
+    let pools = [
+        objects.allocations(v4).unwrap(),
+        objects.allocations(v6).unwrap(),
+    ];
+    for o in &outcomes {
+        for (i, address) in o.ips().iter().enumerate() {
+            let ip: std::net::IpAddr = address.split('/').next().unwrap().parse().unwrap();
+            let offset = match ip {
+                std::net::IpAddr::V4(a) => u128::from(u32::from(a) & 0xff),
+                std::net::IpAddr::V6(a) => u128::from(a) & 0xffff_ffff_ffff_ffff,
+            };
+            assert_eq!(
+                pools[i][&offset.to_string()]["id"],
+                o.call.container_id,
+                "{address} of {}: {:?}",
+                o.call.container_id,
+                pools[i]
+            );
+        }
+    }
+    for (offset, cid) in &whereabouts_taken {
+        assert_eq!(
+            pools[0][&offset.to_string()]["id"],
+            *cid,
+            "whereabouts' entry at {offset}"
+        );
+    }
+    assert_eq!(pools[0].len(), 1 + PODS + WHEREABOUTS, "{:?}", pools[0]);
+    assert_eq!(pools[1].len(), 1 + PODS, "{:?}", pools[1]);
+    let all = addresses(&outcomes);
+    let mut unique = all.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        all.len(),
+        "an address was handed out twice: {all:?}"
+    );
+
+    std::thread::scope(|scope| {
+        for i in 0..PODS {
+            let conf = &conf;
+            scope.spawn(move || {
+                del(conf, &format!("cid-{i}"), &format!("race-{i}")).expect_ok("racing DEL");
+            });
+        }
+    });
+    del(&conf, "cid-first", "first").expect_ok("DEL first");
+    let left = objects.allocations(v4).unwrap();
+    assert_eq!(
+        left.len(),
+        WHEREABOUTS,
+        "only whereabouts' entries remain: {left:?}"
+    );
+    assert!(objects.allocations(v6).unwrap().is_empty());
+    objects.delete(IPPOOLS, v4).unwrap();
+    objects.delete(IPPOOLS, v6).unwrap();
 }
 
 #[test]
@@ -951,7 +1223,7 @@ fn bad_kubeconfigs_and_missing_rights_are_clear_errors_that_write_nothing() {
     assert_eq!(e["code"], 999, "{e}");
     assert!(
         msg.contains("forbidden")
-            && msg.contains("cannot get resource \"ippools\"")
+            && msg.contains("cannot list resource \"ippools\"")
             && msg.contains("namespace \"default\""),
         "{msg}"
     );

@@ -33,6 +33,13 @@ pub fn object_path(namespace: &str, plural: &str, name: &str) -> String {
     format!("{}/{}", collection_path(namespace, plural), escape(name))
 }
 
+/// The collection filtered to one object by name: a LIST answers with the
+/// collection's current resourceVersion (the revision the read saw), which a GET
+/// of the object does not tell.
+pub fn named_list_path(namespace: &str, plural: &str, name: &str) -> String {
+    format!("{}?fieldSelector={}", collection_path(namespace, plural), escape(&format!("metadata.name={name}")))
+}
+
 /// Percent-encodes everything but unreserved URL characters. Valid object names
 /// never need it; an invalid one (a `network_name` with `/`, say) must still
 /// reach the apiserver as one path segment and be rejected there by name.
@@ -84,6 +91,9 @@ pub struct PoolObject {
     /// The key text each offset is stored under (whereabouts writes `%d`; a key
     /// such as `05` must still be removed under its own name).
     pub keys: BTreeMap<u128, String>,
+    /// The `id` member of each entry exactly as stored (`null` when missing): what
+    /// a removal or container-ID update tests before it touches the entry.
+    pub ids: BTreeMap<u128, Value>,
     /// Whether `spec.allocations` is a map (it may be missing or null).
     pub has_allocations: bool,
     /// Keys that are no offset at all; ignored, as whereabouts ignores them.
@@ -131,6 +141,7 @@ pub fn parse_pool(object: &Value) -> Result<PoolObject, String> {
                 let field = |name: &str| entry.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
                 pool.entries.push(Allocation { offset, container_id: field("id"), pod_ref: field("podref"), ifname: field("ifname") });
                 pool.keys.insert(offset, key.clone());
+                pool.ids.insert(offset, entry.get("id").cloned().unwrap_or(Value::Null));
             }
         }
         Some(_) => return Err("spec.allocations is not an object".into()),
@@ -142,6 +153,9 @@ pub fn parse_pool(object: &Value) -> Result<PoolObject, String> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReservationObject {
     pub uid: String,
+    /// `metadata.resourceVersion`, to tell a reservation made before a pool was
+    /// read from one a racing writer made since (a hint, see the datastore).
+    pub resource_version: String,
     pub podref: String,
     pub ifname: String,
     pub containerid: String,
@@ -149,7 +163,13 @@ pub struct ReservationObject {
 
 pub fn parse_reservation(object: &Value) -> ReservationObject {
     let text = |pointer: &str| object.pointer(pointer).and_then(Value::as_str).unwrap_or_default().to_string();
-    ReservationObject { uid: text("/metadata/uid"), podref: text("/spec/podref"), ifname: text("/spec/ifname"), containerid: text("/spec/containerid") }
+    ReservationObject {
+        uid: text("/metadata/uid"),
+        resource_version: text("/metadata/resourceVersion"),
+        podref: text("/spec/podref"),
+        ifname: text("/spec/ifname"),
+        containerid: text("/spec/containerid"),
+    }
 }
 
 impl ReservationObject {
@@ -176,6 +196,10 @@ mod tests {
         assert_eq!(object_path("kube-system", IPPOOLS, "192.0.2.0-24"), "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools/192.0.2.0-24");
         assert_eq!(collection_path("ns", RESERVATIONS), "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/overlappingrangeipreservations");
         assert_eq!(object_path("ns", IPPOOLS, "a/b c"), "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/ippools/a%2Fb%20c");
+        assert_eq!(
+            named_list_path("ns", IPPOOLS, "192.0.2.0-24"),
+            "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/ippools?fieldSelector=metadata.name%3D192.0.2.0-24"
+        );
     }
 
     #[test]
@@ -208,6 +232,7 @@ mod tests {
         assert!(pool.has_allocations);
         assert_eq!(pool.entries, vec![alloc(1, "c1", "default/a", "eth0"), alloc(5, "c5", "default/b", "")]);
         assert_eq!(pool.keys.get(&5).map(String::as_str), Some("05"));
+        assert_eq!(pool.ids.get(&5), Some(&json!("c5")));
         assert_eq!(pool.unparsable, vec!["bogus".to_string()]);
 
         let bare = parse_pool(&json!({"metadata": {"resourceVersion": "1"}, "spec": {"range": "192.0.2.0/24", "allocations": null}})).unwrap();
@@ -236,15 +261,15 @@ mod tests {
     #[test]
     fn reservation_ownership() {
         let holder = alloc(7, "cid", "ns/pod", "net1");
-        let r = |pod: &str, ifname: &str, cid: &str| ReservationObject { uid: "u".into(), podref: pod.into(), ifname: ifname.into(), containerid: cid.into() };
+        let r = |pod: &str, ifname: &str, cid: &str| ReservationObject { uid: "u".into(), podref: pod.into(), ifname: ifname.into(), containerid: cid.into(), ..Default::default() };
         assert!(r("ns/pod", "net1", "other").is_held_by(&holder), "same pod and interface; the container may change");
         assert!(r("ns/pod", "", "").is_held_by(&holder), "pre-v0.8.0 reservation without ifname");
         assert!(!r("ns/pod", "net2", "cid").is_held_by(&holder));
         assert!(!r("ns/other", "net1", "cid").is_held_by(&holder));
         let bare = alloc(7, "cid", "", "eth0");
         assert!(r("", "eth0", "cid").is_held_by(&bare) && !r("", "eth0", "x").is_held_by(&bare));
-        let object = json!({"metadata": {"uid": "abc"}, "spec": {"podref": "ns/pod", "ifname": "net1"}});
-        assert_eq!(parse_reservation(&object), r("ns/pod", "net1", "").with_uid("abc"));
+        let object = json!({"metadata": {"uid": "abc", "resourceVersion": "17"}, "spec": {"podref": "ns/pod", "ifname": "net1"}});
+        assert_eq!(parse_reservation(&object), ReservationObject { resource_version: "17".into(), ..r("ns/pod", "net1", "").with_uid("abc") });
     }
 
     impl ReservationObject {

@@ -4,28 +4,79 @@
 //! whereabouts v0.9.4 does, so both plugins can share a cluster's pools.
 //!
 //! - Namespace: the kubeconfig's current context's, `kube-system` if it names none.
-//! - [`load`](Datastore::load): GET the `IPPool`; 404 = empty pool (created on commit).
+//! - [`load`](Datastore::load): LIST the `IPPool` by name (`fieldSelector`, one
+//!   request like a GET, but the answer also tells the revision the read saw);
+//!   none = empty pool (created on commit).
 //! - [`commit`](Datastore::commit), all or nothing:
 //!   1. reservations first: POST one `OverlappingRangeIPReservation` per new
 //!      address. One that exists for the same pod and interface is adopted; one
-//!      held by anyone else releases what this commit created, is remembered as
-//!      [`reserved`](Datastore::reserved) for that pool, and reports a conflict
-//!      (the caller plans again around it);
+//!      held by anyone else is remembered as [`reserved`](Datastore::reserved)
+//!      for that pool, and the caller plans again around it: at once when the
+//!      reservation is older than the pool as read (an overlapping range's
+//!      address, [`DatastoreError::Reserved`]), as after a conflict when it is
+//!      newer (a writer racing for the address, [`DatastoreError::Conflict`]);
 //!   2. pools in order: POST a missing pool (409 = someone created it: conflict),
-//!      PATCH an existing one with a JSON patch that first tests the
-//!      `resourceVersion` read (422 = it moved: conflict). If a pool fails, the
-//!      pools already written get their new entries removed again and the new
-//!      reservations are deleted, then the error is returned;
+//!      PATCH an existing one with a JSON patch whose every change is guarded by
+//!      a `test` of the entry it touches ([`patch`]: an insert needs its offset
+//!      still free, a removal the entry's container ID as read; 422 = such a test
+//!      failed: conflict). If a pool fails, the pools already written get their
+//!      new entries removed again, then the error is returned;
 //!   3. reservations of removed entries are deleted (only when still held by the
 //!      removed entry's pod and interface; absence is fine).
-//! - No lock, unlike whereabouts' cluster-wide `Lease`: the `resourceVersion`
-//!   test is the only serialization, as it is for whereabouts' own writes.
+//! - Reservations across conflicts: the reservations a commit created stay
+//!   while the caller plans again after a conflict; the next commit reuses the
+//!   ones it plans again (no request) and deletes the others first. A failure
+//!   other than a conflict deletes them all, and so does
+//!   [`finish`](Datastore::finish) for those no commit recorded in the end
+//!   (out of time, a plan that failed): whatever a call ends with, it leaves no
+//!   reservation of its own behind for an address it did not get.
+//! - A lost reservation race does not re-read the pools: the retry plans on the
+//!   objects already read (plus the address lost, now [`reserved`](Datastore::reserved)),
+//!   which the entry guards make safe. Only a pool write drops a read.
+//! - No lock, unlike whereabouts' cluster-wide `Lease`, and no `resourceVersion`
+//!   precondition: the per-entry `test`s are the compare-and-swap, so writers
+//!   that planned different addresses all succeed, and only two writers after
+//!   one address (or one entry) conflict.
 //! - Uncontended ADD: per range one GET, one POST (reservation) and one PATCH (or
 //!   POST of a new pool); two without `enable_overlapping_ranges`.
 //! - Failures: unreachable, timeouts, 429 and 5xx are [`DatastoreError::Unavailable`]
 //!   (CNI code 11); 401/403 [`DatastoreError::Denied`]; a bad kubeconfig
 //!   [`DatastoreError::Kubeconfig`] (code 7). Every request is bounded by the
-//!   call's deadline (and by [`REQUEST_TIMEOUT`]).
+//!   call's deadline and by [`REQUEST_TIMEOUT`] ([`WRITE_TIMEOUT`] for a pool
+//!   PATCH, which may queue behind other writers inside the apiserver).
+//!
+//! # Why per-entry compare-and-swap is safe
+//!
+//! What an allocation must never do: hand out an address an entry already
+//! holds, lose an entry someone else wrote, or remove an entry that is not the
+//! one it meant. Each follows from how the apiserver applies a JSON patch:
+//!
+//! - a PATCH is applied inside the registry's `GuaranteedUpdate`: to the object
+//!   as currently stored, written back only if etcd still holds that revision,
+//!   else re-read and applied again (a `test` that failed against a cached copy
+//!   is re-evaluated against the stored object). So the `test`s and the changes
+//!   of one patch see one state and land together, with no other write between
+//!   them, whatever happened since our GET;
+//! - an insert applies only if its key is absent at that moment (`test` against
+//!   `null`): of two writers after one offset, exactly one succeeds; the other
+//!   gets 422, reads again and plans around it. A removal or container-ID change
+//!   applies only if the entry still has the ID read, so it never touches an
+//!   entry someone else put at that offset since;
+//! - a patch changes nothing but the members it names, so the entries other
+//!   writers added or removed since our read are kept as they are: nothing is
+//!   lost, which is exactly why their writes need not conflict with ours;
+//! - whereabouts still guards its writes with the `resourceVersion` it read (a
+//!   JSON patch that tests `/metadata/resourceVersion`, or an update carrying
+//!   it): any write of ours since its read moves the version, so its write
+//!   fails (422/409) and it reads again; it never overwrites our entries with a
+//!   stale pool. Our writes do not depend on its version, so we never lose to a
+//!   whereabouts write either, we only meet its entries (and ORIPs) like anyone's.
+//!
+//! What is not compared: entries our plan did not touch. The engine only needs
+//! "this offset is free" to insert, so a concurrent change elsewhere in the pool
+//! cannot make our insert wrong. Offsets are tested under the key whereabouts
+//! writes for them (plus its negative key for offsets in [2^63, 2^64)); the
+//! reservations (on by default) guard the address itself whatever the key.
 //!
 //! The client runs on a private current-thread tokio runtime, so the
 //! [`Datastore`] trait stays synchronous and nothing of it exists unless this
@@ -39,7 +90,7 @@ pub mod patch;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use http::Method;
@@ -55,6 +106,12 @@ use failure::Class;
 
 /// Longest wait for one answer, whatever the call's budget (whereabouts: 10 s).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for the answer to a pool PATCH: the apiserver's own default
+/// `--request-timeout`. Many writers of one pool queue inside the apiserver (it
+/// applies each patch to the stored object and retries until its write wins), so
+/// a slow answer there is progress, not an outage; abandoning it after
+/// [`REQUEST_TIMEOUT`] would fail the call while the write may still land.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Answers 429/503/504 are retried this often (jittered backoff from 50 ms,
 /// or the server's `retryAfterSeconds`), within the deadline.
 const THROTTLE_RETRIES: u32 = 4;
@@ -80,6 +137,32 @@ pub struct KubernetesStore {
     pools: Mutex<HashMap<String, PoolObject>>,
     /// Offsets found reserved by others, per pool name.
     reserved: Mutex<HashMap<String, BTreeSet<u128>>>,
+    /// Reservations this process created that no successful commit recorded yet,
+    /// by name: kept across a conflict for the retry, deleted when the retry plans
+    /// other addresses, when a commit fails otherwise, and by `finish`.
+    held: Mutex<HashMap<String, Held>>,
+    /// Per pool name: the revision (collection resourceVersion) of its last read.
+    read_revisions: Mutex<HashMap<String, String>>,
+    /// Set when a commit lost a reservation race: the pools did not refuse
+    /// anything, so the retry plans again on the reads it has (see `load`).
+    reuse_reads: AtomicBool,
+}
+
+/// A reservation this process created.
+#[derive(Debug, Clone)]
+struct Held {
+    uid: String,
+    /// The pool the address was planned in.
+    pool: String,
+    holder: Allocation,
+}
+
+impl Held {
+    /// Whether it reserves the address for `holder`'s attachment (same container,
+    /// pod and interface), so a retry that plans the address again can use it.
+    fn serves(&self, holder: &Allocation) -> bool {
+        self.holder.container_id == holder.container_id && self.holder.pod_ref == holder.pod_ref && self.holder.ifname == holder.ifname
+    }
 }
 
 /// An API answer: the object (2xx) or the `Status` of a failure the caller
@@ -133,6 +216,9 @@ impl KubernetesStore {
             requests: AtomicU32::new(0),
             pools: Mutex::default(),
             reserved: Mutex::default(),
+            held: Mutex::default(),
+            read_revisions: Mutex::default(),
+            reuse_reads: AtomicBool::new(false),
         })
     }
 
@@ -165,6 +251,12 @@ impl KubernetesStore {
     /// are retried a few times while time remains. Transport failures are
     /// returned as errors, API failures as [`Reply::Status`].
     fn call(&self, method: Method, path: &str, body: Option<(&str, &Value)>, action: &str, deadline: Instant) -> Result<Reply, DatastoreError> {
+        self.call_within(method, path, body, action, deadline, REQUEST_TIMEOUT)
+    }
+
+    /// [`call`](Self::call) with another cap than [`REQUEST_TIMEOUT`] on the wait
+    /// for one answer.
+    fn call_within(&self, method: Method, path: &str, body: Option<(&str, &Value)>, action: &str, deadline: Instant, cap: Duration) -> Result<Reply, DatastoreError> {
         let mut throttled = 0;
         let mut backoff = Backoff::between(Duration::from_millis(50), Duration::from_secs(1));
         loop {
@@ -172,7 +264,7 @@ impl KubernetesStore {
             if remaining.is_zero() {
                 return Err(self.unavailable(action, "the call's time limit ran out before the request".into()));
             }
-            let limit = remaining.min(REQUEST_TIMEOUT);
+            let limit = remaining.min(cap);
             let mut request = http::Request::builder().method(method.clone()).uri(path).header(http::header::ACCEPT, JSON);
             let bytes = match body {
                 Some((content_type, value)) => {
@@ -250,23 +342,30 @@ impl KubernetesStore {
         self.failure(failure::classify(status.code), action, failure::describe_status(status))
     }
 
+    /// Reads the pool as a LIST of the one object by name: the answer carries the
+    /// revision the read saw (kept in `read_revisions`), which tells reservations
+    /// older than this read from ones made since (`reserved_before_read`).
     fn read_pool(&self, pool: &PoolId, deadline: Instant) -> Result<Option<PoolObject>, DatastoreError> {
         let action = format!("reading IPPool {}/{}", self.namespace, pool.name);
-        match self.call(Method::GET, &self.pool_path(&pool.name), None, &action, deadline)? {
-            Reply::Object(object) => {
-                let malformed = |detail: String| DatastoreError::Malformed { object: format!("IPPool {}/{}", self.namespace, pool.name), detail };
-                let parsed = crd::parse_pool(&object).map_err(malformed)?;
-                if let Some(range) = parsed.range.as_deref().filter(|r| *r != pool.cidr) {
-                    return Err(malformed(format!("it holds range {range}, expected {}", pool.cidr)));
-                }
-                if !parsed.unparsable.is_empty() {
-                    logging::debug(format!("IPPool {}: ignoring allocation keys that are no offset: {:?}", pool.name, parsed.unparsable));
-                }
-                Ok(Some(parsed))
-            }
-            Reply::Status(s) if failure::is_object_not_found(&s, &pool.name) => Ok(None),
-            Reply::Status(s) => Err(self.status_error(&s, &action)),
+        let malformed = |detail: String| DatastoreError::Malformed { object: format!("IPPool {}/{}", self.namespace, pool.name), detail };
+        let list = match self.call(Method::GET, &crd::named_list_path(&self.namespace, IPPOOLS, &pool.name), None, &action, deadline)? {
+            Reply::Object(list) => list,
+            Reply::Status(s) => return Err(self.status_error(&s, &action)),
+        };
+        let revision = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+        lock(&self.read_revisions).insert(pool.name.clone(), revision);
+        let items = list.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        let Some(object) = items.iter().find(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(pool.name.as_str())) else {
+            return Ok(None);
+        };
+        let parsed = crd::parse_pool(object).map_err(malformed)?;
+        if let Some(range) = parsed.range.as_deref().filter(|r| *r != pool.cidr) {
+            return Err(malformed(format!("it holds range {range}, expected {}", pool.cidr)));
         }
+        if !parsed.unparsable.is_empty() {
+            logging::debug(format!("IPPool {}: ignoring allocation keys that are no offset: {:?}", pool.name, parsed.unparsable));
+        }
+        Ok(Some(parsed))
     }
 
     /// POSTs the reservation; on AlreadyExists looks at who holds it.
@@ -327,17 +426,46 @@ impl KubernetesStore {
         }
     }
 
-    /// Best-effort removal of the reservations this commit created.
-    fn release_created(&self, created: &[(String, String)], deadline: Instant) {
-        for (name, uid) in created {
-            if let Err(e) = self.delete_reservation(name, uid, deadline) {
-                logging::error(format!("could not delete reservation {name} of a failed commit: {e}"));
+    /// Whether the reservation `owner`, found holding an address planned in
+    /// `pool`, existed before this process read the pool (an overlapping range's
+    /// address: whereabouts just plans around it) rather than being made by a
+    /// writer racing for the address since (contention). Decided by comparing its
+    /// resourceVersion with the revision the read saw; the apiserver takes both
+    /// from one etcd revision counter, but the API calls them opaque, so this is
+    /// only a hint for choosing the next address, never for correctness:
+    /// anything unparsable counts as a race.
+    fn reserved_before_read(&self, pool: &str, owner: &crd::ReservationObject) -> bool {
+        let read = lock(&self.read_revisions).get(pool).and_then(|r| r.parse::<u64>().ok());
+        matches!((owner.resource_version.parse::<u64>(), read), (Ok(reserved), Some(read)) if reserved <= read)
+    }
+
+    /// Best-effort removal of the reservations this process holds for addresses
+    /// it did not get, except those named in `keep`. One whose entry the pool
+    /// holds after all, as last read, stays: a write whose answer was lost (a 504
+    /// after which the retry found the entry, then the plan reused it) did commit.
+    fn release_held(&self, keep: &BTreeSet<&str>, deadline: Instant) {
+        let dropped: Vec<(String, Held)> = {
+            let mut held = lock(&self.held);
+            let names: Vec<String> = held.keys().filter(|n| !keep.contains(n.as_str())).cloned().collect();
+            names.into_iter().filter_map(|n| held.remove(&n).map(|h| (n, h))).collect()
+        };
+        for (name, h) in dropped {
+            let committed = lock(&self.pools)
+                .get(&h.pool)
+                .is_some_and(|p| p.entries.iter().any(|e| e.offset == h.holder.offset && e.container_id == h.holder.container_id && e.ifname == h.holder.ifname));
+            if committed {
+                logging::debug(format!("reservation {name} (offset {}): the pool holds its entry, kept", h.holder.offset));
+                continue;
+            }
+            logging::debug(format!("deleting reservation {name} (offset {}): not committed", h.holder.offset));
+            if let Err(e) = self.delete_reservation(&name, &h.uid, deadline) {
+                logging::error(format!("could not delete reservation {name} of an address not committed: {e}"));
             }
         }
     }
 
-    /// Writes one pool's changes: POST when it did not exist, else the
-    /// compare-and-swap PATCH against the version read.
+    /// Writes one pool's changes: POST when it did not exist, else the PATCH
+    /// whose `test`s compare each touched entry with the pool as read.
     fn write_pool(&self, update: &PoolUpdate, deadline: Instant) -> Result<(), DatastoreError> {
         let name = &update.pool.name;
         let conflict = || DatastoreError::Conflict { pool: name.clone() };
@@ -363,14 +491,14 @@ impl KubernetesStore {
         let read = read.ok_or_else(|| inconsistent(format!("commit against version {:?}, which this process did not read", update.expected.0)))?;
         let patch = patch::update(&read, &update.changes).map_err(inconsistent)?;
         let action = format!("patching IPPool {}/{name}", self.namespace);
-        let result = match self.call(Method::PATCH, &self.pool_path(name), Some((JSON_PATCH, &patch)), &action, deadline)? {
+        let result = match self.call_within(Method::PATCH, &self.pool_path(name), Some((JSON_PATCH, &patch)), &action, deadline, WRITE_TIMEOUT)? {
             Reply::Object(_) => Ok(()),
-            // The resourceVersion test failed (whereabouts retries on exactly this),
-            // or the pool was deleted since.
+            // An entry's test failed (its offset was taken, or the entry to change
+            // is gone or someone else's), or the pool was deleted since.
             Reply::Status(s) if failure::is_failed_test(&s) || s.code == 409 || failure::is_object_not_found(&s, name) => Err(conflict()),
             Reply::Status(s) => Err(self.status_error(&s, &action)),
         };
-        // Whatever happened, the version read is stale now.
+        // Whatever happened, the object read is stale now.
         lock(&self.pools).remove(name);
         result
     }
@@ -412,6 +540,17 @@ impl Datastore for KubernetesStore {
     }
 
     fn load(&self, pool: &PoolId) -> Result<Pool, DatastoreError> {
+        // After a lost reservation race the pool itself refused nothing: plan again
+        // on the object read (the address lost is in `reserved` now). Its entry
+        // guards make a stale read safe, and it knows little less than a new GET
+        // would: the racing writers hold reservations before the pool shows their
+        // entries. A pool write (success or conflict) drops the read.
+        if self.reuse_reads.load(Ordering::Relaxed)
+            && let Some(object) = lock(&self.pools).get(&pool.name)
+        {
+            logging::debug(format!("IPPool {}: planning again on the read of version {} (a reservation was taken, not the pool)", pool.name, object.resource_version));
+            return Ok(Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone() });
+        }
         match self.read_pool(pool, self.deadline())? {
             Some(object) => {
                 let loaded = Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone() };
@@ -429,28 +568,45 @@ impl Datastore for KubernetesStore {
         self.set_deadline(deadline);
         let updates: Vec<&PoolUpdate> = updates.iter().filter(|u| !u.changes.is_empty()).collect();
         let cleanup_deadline = || deadline.max(Instant::now() + CLEANUP_GRACE);
+        let reserves: Vec<(&PoolUpdate, &String, &Allocation)> = updates
+            .iter()
+            .flat_map(|u| u.changes.iter().filter_map(move |c| if let Change::Reserve { name, holder } = c { Some((*u, name, holder)) } else { None }))
+            .collect();
+        let planned: BTreeSet<&str> = reserves.iter().map(|(_, name, _)| name.as_str()).collect();
+
+        // 0. Reservations an earlier attempt of this call took for addresses this
+        // plan does not use any more: free them for the others first.
+        self.release_held(&planned, cleanup_deadline());
 
         // 1. Reservations of new addresses, before any pool shows the address.
-        let mut created: Vec<(String, String)> = Vec::new();
-        for update in &updates {
-            for change in &update.changes {
-                let Change::Reserve { name, holder } = change else { continue };
-                match self.reserve(name, holder, deadline) {
-                    Ok(Reservation::Created { uid }) => created.push((name.clone(), uid)),
-                    Ok(Reservation::Adopted) => {}
-                    Ok(Reservation::HeldElsewhere(owner)) => {
-                        logging::debug(format!(
-                            "address of offset {} in pool {} is reserved as {name} by {} {} (container {}); planning around it",
-                            holder.offset, update.pool.name, owner.podref, owner.ifname, owner.containerid
-                        ));
-                        lock(&self.reserved).entry(update.pool.name.clone()).or_default().insert(holder.offset);
-                        self.release_created(&created, cleanup_deadline());
-                        return Err(DatastoreError::Conflict { pool: update.pool.name.clone() });
-                    }
-                    Err(e) => {
-                        self.release_created(&created, cleanup_deadline());
-                        return Err(e);
-                    }
+        for (update, name, holder) in &reserves {
+            if lock(&self.held).get(name.as_str()).is_some_and(|h| h.serves(holder)) {
+                logging::debug(format!("reservation {name}: taken by an earlier attempt of this call, planned again"));
+                continue;
+            }
+            match self.reserve(name, holder, deadline) {
+                Ok(Reservation::Created { uid }) => {
+                    lock(&self.held).insert(name.to_string(), Held { uid, pool: update.pool.name.clone(), holder: (*holder).clone() });
+                }
+                Ok(Reservation::Adopted) => {}
+                Ok(Reservation::HeldElsewhere(owner)) => {
+                    logging::debug(format!(
+                        "address of offset {} in pool {} is reserved as {name} by {} {} (container {}); planning around it",
+                        holder.offset, update.pool.name, owner.podref, owner.ifname, owner.containerid
+                    ));
+                    lock(&self.reserved).entry(update.pool.name.clone()).or_default().insert(holder.offset);
+                    self.reuse_reads.store(true, Ordering::Relaxed);
+                    // The reservations taken so far stay for the retry (see `held`).
+                    let pool = update.pool.name.clone();
+                    return Err(if self.reserved_before_read(&pool, &owner) {
+                        DatastoreError::Reserved { pool, name: name.to_string() }
+                    } else {
+                        DatastoreError::Conflict { pool }
+                    });
+                }
+                Err(e) => {
+                    self.release_held(&BTreeSet::new(), cleanup_deadline());
+                    return Err(e);
                 }
             }
         }
@@ -462,24 +618,33 @@ impl Datastore for KubernetesStore {
                 continue;
             }
             if let Err(e) = self.write_pool(update, deadline) {
-                if !written.is_empty() || !created.is_empty() {
-                    let cleanup = cleanup_deadline();
-                    self.undo(&written, cleanup);
-                    self.release_created(&created, cleanup);
-                    // Removals are not undone (a DEL may stop half way and is
-                    // retried); the entries they removed are gone for good, and
-                    // the retry will not see them: free their reservations now.
-                    self.unreserve_all(&written, cleanup);
+                let cleanup = cleanup_deadline();
+                self.undo(&written, cleanup);
+                if !matches!(e, DatastoreError::Conflict { .. }) {
+                    self.release_held(&BTreeSet::new(), cleanup);
                 }
+                // Removals are not undone (a DEL may stop half way and is
+                // retried); the entries they removed are gone for good, and
+                // the retry will not see them: free their reservations now.
+                self.unreserve_all(&written, cleanup);
                 return Err(e);
             }
             written.push(update);
         }
 
+        // Every reservation of this plan now backs a committed entry.
+        lock(&self.held).retain(|name, _| !planned.contains(name.as_str()));
+        self.reuse_reads.store(false, Ordering::Relaxed);
+
         // 3. Reservations of removed entries. The pools no longer hold the
         // addresses; a reservation left behind only blocks its address.
         self.unreserve_all(&updates, cleanup_deadline());
         Ok(())
+    }
+
+    fn finish(&self, deadline: Instant) {
+        self.reuse_reads.store(false, Ordering::Relaxed);
+        self.release_held(&BTreeSet::new(), deadline.max(Instant::now() + CLEANUP_GRACE));
     }
 
     /// A cheap read of the pool collection: reachable, authorized, CRDs installed.
@@ -513,6 +678,11 @@ impl Datastore for KubernetesStore {
 
 impl Drop for KubernetesStore {
     fn drop(&mut self) {
+        // `finish` ran already after every update cycle; this only covers a
+        // caller that never reached it.
+        if !lock(&self.held).is_empty() {
+            self.release_held(&BTreeSet::new(), Instant::now() + CLEANUP_GRACE);
+        }
         logging::debug(format!("kubernetes datastore: {} API request(s)", self.requests()));
     }
 }

@@ -1,8 +1,25 @@
-//! JSON patches (RFC 6902, `application/json-patch+json`) for `IPPool`s, shaped
-//! like whereabouts' own so mixed fleets interoperate: a `test` of the
-//! `resourceVersion` read makes the whole patch fail with 422 when anyone wrote
-//! the pool since (compare-and-swap), then one operation per change under
-//! `/spec/allocations/<key>`. Everything else in the object is left alone.
+//! JSON patches (RFC 6902, `application/json-patch+json`) for `IPPool`s with a
+//! compare-and-swap per entry: each operation on an entry comes after a `test` of
+//! what the plan relied on about that entry, and the apiserver applies the patch
+//! atomically to the object as stored, or not at all (422 when a test fails):
+//!
+//! - insert at offset o: `test /spec/allocations/<o>` against `null`, then `add`.
+//!   The apiserver's JSON patch (evanphx/json-patch v4) lets a `test` against
+//!   `null` pass when the member is missing or null and fail when it holds
+//!   anything: "add if absent". whereabouts guards its own `add`s the same way.
+//!   For an offset in [2^63, 2^64) the key whereabouts writes for it (negative,
+//!   see [`super::crd::parse_key`]) is tested absent too;
+//! - removal, new container ID: `test /spec/allocations/<key>/id` against the id
+//!   as read (an entry removed since fails: a missing member is not a string; an
+//!   entry of another container at that offset fails on the value), then
+//!   `remove` / `replace`;
+//! - a missing or null `spec.allocations` is tested `null` before the `add {}`
+//!   that creates it: an `add` would replace a map someone created meanwhile.
+//!
+//! There is no `test` of `metadata.resourceVersion` (whereabouts has one): writes
+//! to other entries since the read change nothing this plan relied on, so they
+//! must not make it fail. Why this is safe next to whereabouts: [`super`].
+//! Everything else in the object is left alone.
 
 use serde_json::{Value, json};
 use thereabouts_allocator::model::Allocation;
@@ -12,16 +29,20 @@ use crate::datastore::Change;
 
 const ALLOCATIONS: &str = "/spec/allocations";
 
-/// The compare-and-swap patch applying `changes` to `pool` (as read at
-/// `pool.resource_version`). Reservation changes add no operation.
+/// The patch applying `changes` to `pool` (as read), each change guarded by a
+/// `test` of the entry it touches. Reservation changes add no operation.
 pub fn update(pool: &PoolObject, changes: &[Change]) -> Result<Value, String> {
-    let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": pool.resource_version})];
+    let mut ops = Vec::with_capacity(changes.len() * 2 + 2);
     let inserts = changes.iter().any(|c| matches!(c, Change::Insert(_)));
     if inserts && !pool.has_allocations {
-        // Missing or null: an `add` creates (or replaces) the member.
+        // Missing or null: an `add` creates (or replaces) the member, so only
+        // while it is still missing or null.
+        ops.push(json!({"op": "test", "path": ALLOCATIONS, "value": null}));
         ops.push(json!({"op": "add", "path": ALLOCATIONS, "value": {}}));
     }
     let key = |offset: &u128| pool.keys.get(offset).cloned().ok_or_else(|| format!("no allocation at offset {offset}"));
+    // The id read at `offset`: a removal or replacement applies only to that entry.
+    let id_test = |offset: &u128, key: &str| json!({"op": "test", "path": format!("{ALLOCATIONS}/{}/id", pointer_token(key)), "value": pool.ids.get(offset).cloned().unwrap_or(Value::Null)});
     for change in changes {
         match change {
             Change::Insert(a) => {
@@ -29,17 +50,32 @@ pub fn update(pool: &PoolObject, changes: &[Change]) -> Result<Value, String> {
                     return Err(format!("offset {} is already allocated", a.offset));
                 }
                 let path = format!("{ALLOCATIONS}/{}", a.offset);
+                if let Some(alias) = negative_key(a.offset) {
+                    ops.push(json!({"op": "test", "path": format!("{ALLOCATIONS}/{alias}"), "value": null}));
+                }
                 ops.push(json!({"op": "test", "path": path, "value": null}));
                 ops.push(json!({"op": "add", "path": path, "value": allocation_value(a)}));
             }
-            Change::Remove { offset } => ops.push(json!({"op": "remove", "path": format!("{ALLOCATIONS}/{}", pointer_token(&key(offset)?))})),
+            Change::Remove { offset } => {
+                let key = key(offset)?;
+                ops.push(id_test(offset, &key));
+                ops.push(json!({"op": "remove", "path": format!("{ALLOCATIONS}/{}", pointer_token(&key))}));
+            }
             Change::SetContainerId { offset, container_id } => {
-                ops.push(json!({"op": "replace", "path": format!("{ALLOCATIONS}/{}/id", pointer_token(&key(offset)?)), "value": container_id}))
+                let key = key(offset)?;
+                ops.push(id_test(offset, &key));
+                ops.push(json!({"op": "replace", "path": format!("{ALLOCATIONS}/{}/id", pointer_token(&key)), "value": container_id}));
             }
             Change::Reserve { .. } | Change::Unreserve { .. } => {}
         }
     }
     Ok(Value::Array(ops))
+}
+
+/// The key whereabouts writes for an offset in [2^63, 2^64): the offset as a
+/// signed 64-bit number (`-3844666706890850303` for `0xcaa5000000000001`).
+fn negative_key(offset: u128) -> Option<String> {
+    (1 << 63..1 << 64).contains(&offset).then(|| (offset as u64 as i64).to_string())
 }
 
 /// Removes entries this process inserted, each only if it is still exactly what
@@ -82,11 +118,11 @@ mod tests {
 
     #[test]
     fn insert_is_guarded_like_whereabouts() {
+        // Only the entry's own absence is tested: the resourceVersion is not.
         let patch = update(&pool(&[(1, "1")]), &[Change::Reserve { name: "192.0.2.2".into(), holder: alloc(2, "c") }, Change::Insert(alloc(2, "c"))]).unwrap();
         assert_eq!(
             patch,
             json!([
-                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
                 {"op": "test", "path": "/spec/allocations/2", "value": null},
                 {"op": "add", "path": "/spec/allocations/2", "value": {"id": "c", "podref": "ns/pod", "ifname": "eth0"}}
             ])
@@ -94,27 +130,52 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_allocations_map_is_added_first() {
+    fn a_missing_allocations_map_is_added_first_only_while_missing() {
         let mut bare = pool(&[]);
         bare.has_allocations = false;
         let patch = update(&bare, &[Change::Insert(alloc(3, "c"))]).unwrap();
+        assert_eq!(patch[0], json!({"op": "test", "path": "/spec/allocations", "value": null}));
         assert_eq!(patch[1], json!({"op": "add", "path": "/spec/allocations", "value": {}}));
         assert_eq!(patch.as_array().unwrap().len(), 4);
     }
 
     #[test]
-    fn remove_and_replace_use_the_stored_key() {
+    fn an_offset_whereabouts_writes_as_a_negative_key_is_tested_under_both_keys() {
+        let offset = 0xcaa5_0000_0000_0001u128;
+        let patch = update(&pool(&[]), &[Change::Insert(alloc(offset, "c"))]).unwrap();
+        assert_eq!(patch[0], json!({"op": "test", "path": "/spec/allocations/-3844666706890850303", "value": null}));
+        assert_eq!(patch[1], json!({"op": "test", "path": "/spec/allocations/14602077366818701313", "value": null}));
+        assert_eq!(patch.as_array().unwrap().len(), 3);
+        assert_eq!(negative_key((1 << 63) - 1), None);
+        assert_eq!(negative_key(1 << 63).as_deref(), Some("-9223372036854775808"));
+        assert_eq!(negative_key(1 << 64), None);
+    }
+
+    #[test]
+    fn remove_and_replace_test_the_id_read_under_the_stored_key() {
+        let mut read = pool(&[(5, "05"), (6, "6"), (7, "7")]);
+        read.ids.insert(5, json!("c5"));
+        read.ids.insert(6, json!("c6"));
+        // 7: an entry stored without an id.
         let patch = update(
-            &pool(&[(5, "05"), (6, "6")]),
-            &[Change::Remove { offset: 5 }, Change::SetContainerId { offset: 6, container_id: "new".into() }, Change::Unreserve { name: "x".into(), holder: alloc(5, "c") }],
+            &read,
+            &[
+                Change::Remove { offset: 5 },
+                Change::SetContainerId { offset: 6, container_id: "new".into() },
+                Change::Remove { offset: 7 },
+                Change::Unreserve { name: "x".into(), holder: alloc(5, "c") },
+            ],
         )
         .unwrap();
         assert_eq!(
             patch,
             json!([
-                {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                {"op": "test", "path": "/spec/allocations/05/id", "value": "c5"},
                 {"op": "remove", "path": "/spec/allocations/05"},
-                {"op": "replace", "path": "/spec/allocations/6/id", "value": "new"}
+                {"op": "test", "path": "/spec/allocations/6/id", "value": "c6"},
+                {"op": "replace", "path": "/spec/allocations/6/id", "value": "new"},
+                {"op": "test", "path": "/spec/allocations/7/id", "value": null},
+                {"op": "remove", "path": "/spec/allocations/7"}
             ])
         );
     }

@@ -1,0 +1,554 @@
+//! Benchmark of the Kubernetes datastore against a real kube-apiserver + etcd
+//! (the harness's, on loopback): the release `thereabouts` binary as a CNI plugin,
+//! one process per call, with the least-privilege plugin identity of
+//! `deploy/rbac.yaml`, on one dual-stack config (an IPv4 range sized for the
+//! pods + `fd90::/64`).
+//!
+//! ```sh
+//! cargo build --release -p thereabouts
+//! THEREABOUTS_K8S_BINS=$(bash tests/k8s-bins/build.sh) \
+//!   cargo run --release -p thereabouts-k8s-harness --bin bench_k8s_burst -- --pods 200 --rounds 3
+//! ```
+//!
+//! Options: `--pods N` (200) concurrent calls per burst, `--rounds R` (3) bursts,
+//! `--sequential S` (20) calls of the uncontended phase, `--timeout-ms T`
+//! (120000) the plugin's budget per call (`THEREABOUTS_TIMEOUT_MS`).
+//!
+//! Phases, each on the same config (its pools are created by one warm-up ADD
+//! first, then emptied again):
+//!
+//! 1. uncontended: S ADDs one after another, then their S DELs;
+//! 2. R rounds of: N ADDs started at once (one thread per process, released
+//!    together), then their N DELs at once. Each round checks the outcome: every
+//!    call succeeded, one address per range and pod, no duplicate, the pools
+//!    hold exactly those entries (and are empty after the DELs).
+//!
+//! Per phase it prints wall time, throughput, p50/p90/p99/max latency (spawn to
+//! exit of each process), and per call: API requests as the apiserver counted
+//! them (`apiserver_request_total` of group `whereabouts.cni.cncf.io` from
+//! `GET /metrics` before and after the phase: every request that reached it,
+//! retries included), the same per range (total / number of ranges), the
+//! requests answered 409/422 (conflicts), the re-plans the plugins logged
+//! (`log_level: debug`, one log file per process), and the CPU time of the
+//! plugin processes (`getrusage` of the reaped children) and of kube-apiserver +
+//! etcd (`/proc/<pid>/stat`). A markdown table at the end, then the requests per
+//! call by verb, resource and answer code.
+//!
+//! Everything shares the machine: on 2 cores a burst of 200 processes competes
+//! with the apiserver and etcd for CPU (in a cluster the plugins run on the
+//! nodes, the apiserver elsewhere), so the CPU columns tell where the time goes.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
+use thereabouts_k8s_harness::Cluster;
+use thereabouts_k8s_harness::burst::{
+    Invocation, LogStats, Metrics, RequestCounts, address, children_cpu, log_path, percentile,
+    pool_entries, process_cpu, reservations_in, run_concurrently, run_one,
+};
+use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf, with_debug_log};
+
+struct Options {
+    pods: usize,
+    rounds: usize,
+    sequential: usize,
+    timeout: Duration,
+}
+
+fn parse_options() -> Result<Options> {
+    let mut o = Options {
+        pods: 200,
+        rounds: 3,
+        sequential: 20,
+        timeout: Duration::from_secs(120),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        if name == "--help" || name == "-h" {
+            println!(
+                "bench_k8s_burst [--pods N (200)] [--rounds R (3)] [--sequential S (20)] [--timeout-ms T (120000)]"
+            );
+            std::process::exit(0);
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => args
+                .next()
+                .with_context(|| format!("{name} needs a value"))?,
+        };
+        let number: u64 = value
+            .parse()
+            .with_context(|| format!("{name} {value}: not a number"))?;
+        match name.as_str() {
+            "--pods" => o.pods = number as usize,
+            "--rounds" => o.rounds = number as usize,
+            "--sequential" => o.sequential = number as usize,
+            "--timeout-ms" => o.timeout = Duration::from_millis(number),
+            _ => bail!("unknown option {name} (see --help)"),
+        }
+    }
+    if o.pods == 0 {
+        bail!("--pods must be at least 1");
+    }
+    Ok(o)
+}
+
+/// The watchdog of a call: well past the plugin's own budget.
+fn watchdog(o: &Options) -> Duration {
+    o.timeout + Duration::from_secs(60)
+}
+
+/// The smallest IPv4 range (prefix ≤ 24) with room for `n` pods.
+fn ipv4_range(n: usize) -> String {
+    let mut prefix = 24u32;
+    while (1usize << (32 - prefix)) - 2 < n {
+        prefix -= 1;
+    }
+    format!("10.90.0.0/{prefix}")
+}
+
+struct Bench {
+    cluster: Cluster,
+    objects: Objects,
+    metrics: Option<Metrics>,
+    bin: std::path::PathBuf,
+    conf: serde_json::Value,
+    ranges: Vec<String>,
+    logs: TempDir,
+    timeout: Duration,
+    watchdog: Duration,
+}
+
+/// One phase's figures.
+struct Phase {
+    name: String,
+    calls: usize,
+    failed: usize,
+    wall: Duration,
+    latencies: Vec<Duration>,
+    requests: Option<RequestCounts>,
+    logs: LogStats,
+    /// CPU time of the plugin processes, and of kube-apiserver + etcd, during the phase.
+    plugin_cpu: Duration,
+    server_cpu: Duration,
+}
+
+impl Phase {
+    fn merge(name: &str, phases: &[&Phase]) -> Phase {
+        let mut requests = Some(RequestCounts::default());
+        let mut logs = LogStats::default();
+        for p in phases {
+            match (&mut requests, &p.requests) {
+                (Some(total), Some(r)) => {
+                    for (k, v) in &r.0 {
+                        *total.0.entry(k.clone()).or_insert(0.0) += v;
+                    }
+                }
+                _ => requests = None,
+            }
+            logs.add(&p.logs);
+        }
+        Phase {
+            name: name.to_string(),
+            calls: phases.iter().map(|p| p.calls).sum(),
+            failed: phases.iter().map(|p| p.failed).sum(),
+            wall: phases.iter().map(|p| p.wall).sum(),
+            latencies: phases.iter().flat_map(|p| p.latencies.clone()).collect(),
+            requests,
+            logs,
+            plugin_cpu: phases.iter().map(|p| p.plugin_cpu).sum(),
+            server_cpu: phases.iter().map(|p| p.server_cpu).sum(),
+        }
+    }
+}
+
+impl Bench {
+    fn pools(&self) -> Vec<(String, String)> {
+        self.ranges
+            .iter()
+            .map(|r| (r.replace([':', '/'], "-"), r.clone()))
+            .collect()
+    }
+
+    fn invocation(&self, command: &str, cid: &str, pod: &str) -> Invocation {
+        let log = log_path(
+            self.logs.path(),
+            &format!("{}-{cid}", command.to_lowercase()),
+        );
+        let stdin = with_debug_log(self.conf.clone(), &log).to_string();
+        Invocation::new(Call::pod(command, cid, pod), stdin).budget(self.timeout)
+    }
+
+    fn scrape(&self) -> Option<RequestCounts> {
+        let m = self.metrics.as_ref()?;
+        // The apiserver counts a request when its handler returns, a moment after
+        // the client has the answer.
+        std::thread::sleep(Duration::from_millis(200));
+        match m.requests() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("bench: scraping /metrics failed: {e:#}");
+                None
+            }
+        }
+    }
+
+    fn log_stats(&self, command: &str, outcomes: &[Outcome]) -> LogStats {
+        let mut total = LogStats::default();
+        for o in outcomes {
+            let log = log_path(
+                self.logs.path(),
+                &format!("{}-{}", command.to_lowercase(), o.call.container_id),
+            );
+            total.add(&LogStats::read(&log));
+        }
+        total
+    }
+
+    fn report_failures(what: &str, outcomes: &[Outcome]) -> usize {
+        let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.ok()).collect();
+        for o in failed.iter().take(3) {
+            eprintln!("bench: {what} failed: {}", o.describe());
+        }
+        failed.len()
+    }
+
+    /// Runs `pods` one after another (`concurrent` false) or all at once.
+    fn phase(
+        &self,
+        name: &str,
+        command: &str,
+        pods: &[(String, String)],
+        concurrent: bool,
+    ) -> (Phase, Vec<Outcome>) {
+        let invocations: Vec<Invocation> = pods
+            .iter()
+            .map(|(cid, pod)| self.invocation(command, cid, pod))
+            .collect();
+        let before = self.scrape();
+        let server_cpu = || {
+            self.cluster
+                .pids()
+                .into_iter()
+                .map(process_cpu)
+                .sum::<Duration>()
+        };
+        let (plugin_cpu0, server_cpu0) = (children_cpu(), server_cpu());
+        let started = Instant::now();
+        let outcomes = if concurrent {
+            run_concurrently(&self.bin, &invocations, self.watchdog, None)
+        } else {
+            invocations
+                .iter()
+                .map(|i| run_one(&self.bin, i, self.watchdog))
+                .collect()
+        };
+        let wall = started.elapsed();
+        let (plugin_cpu, server_cpu) = (children_cpu() - plugin_cpu0, server_cpu() - server_cpu0);
+        let after = self.scrape();
+        let requests = match (before, after) {
+            (Some(b), Some(a)) => Some(a.since(&b)),
+            _ => None,
+        };
+        let phase = Phase {
+            name: name.to_string(),
+            calls: outcomes.len(),
+            failed: Self::report_failures(name, &outcomes),
+            wall,
+            latencies: outcomes.iter().map(|o| o.elapsed).collect(),
+            requests,
+            logs: self.log_stats(command, &outcomes),
+            plugin_cpu,
+            server_cpu,
+        };
+        eprintln!(
+            "bench: {name}: {} calls in {wall:.2?}, p50 {:.1?}, p99 {:.1?}, {} failed",
+            phase.calls,
+            percentile(&phase.latencies, 50.0),
+            percentile(&phase.latencies, 99.0),
+            phase.failed
+        );
+        (phase, outcomes)
+    }
+
+    /// After ADDs: one address per range per successful pod, no duplicates, and
+    /// the pools hold exactly the entries of `expected` pods.
+    fn check_added(&self, outcomes: &[Outcome], expected: usize) -> Result<()> {
+        let mut seen: Vec<BTreeSet<IpAddr>> = vec![BTreeSet::new(); self.ranges.len()];
+        for o in outcomes.iter().filter(|o| o.ok()) {
+            let ips = o.ips();
+            if ips.len() != self.ranges.len() {
+                bail!("{} addresses for one pod: {}", ips.len(), o.describe());
+            }
+            for (ip, set) in ips.iter().zip(seen.iter_mut()) {
+                if !set.insert(address(ip)) {
+                    bail!("{ip} handed out twice");
+                }
+            }
+        }
+        for (pool, range) in self.pools() {
+            let n = pool_entries(&self.objects, &pool, &range)?.len();
+            if n != expected {
+                bail!("IPPool {pool} holds {n} entries, expected {expected}");
+            }
+        }
+        Ok(())
+    }
+
+    fn check_empty(&self) -> Result<()> {
+        for (pool, _) in self.pools() {
+            let n = self.objects.allocations(&pool)?.len();
+            if n != 0 {
+                bail!("IPPool {pool} still holds {n} entries");
+            }
+        }
+        let ranges: Vec<&str> = self.ranges.iter().map(String::as_str).collect();
+        let left = reservations_in(&self.objects, &ranges)?.len();
+        if left != 0 {
+            bail!("{left} reservations left");
+        }
+        Ok(())
+    }
+}
+
+fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms >= 100.0 {
+        format!("{ms:.0} ms")
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+fn per_call(value: f64, calls: usize) -> String {
+    format!("{:.2}", value / calls.max(1) as f64)
+}
+
+fn main() -> Result<()> {
+    let options = parse_options()?;
+    let bin = thereabouts_bin();
+    let t0 = Instant::now();
+    let cluster = Cluster::start().context("starting etcd + kube-apiserver")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        cluster.install_crds().await?;
+        cluster.install_rbac().await
+    })?;
+    eprintln!("bench: control plane ready in {:.1?}", t0.elapsed());
+    let metrics = match Metrics::admin(&cluster).and_then(|m| m.requests().map(|_| m)) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            eprintln!("bench: no apiserver metrics ({e:#}); counting from the plugin logs only");
+            None
+        }
+    };
+    let ranges = vec![
+        ipv4_range(options.pods.max(options.sequential) + 1),
+        "fd90::/64".to_string(),
+    ];
+    let range_refs: Vec<&str> = ranges.iter().map(String::as_str).collect();
+    let bench = Bench {
+        objects: Objects::admin(&cluster)?,
+        metrics,
+        bin,
+        conf: kubernetes_conf("k8s-bench", &cluster.plugin_kubeconfig(), None, &range_refs),
+        ranges: ranges.clone(),
+        logs: TempDir::new("k8s-bench"),
+        timeout: options.timeout,
+        watchdog: watchdog(&options),
+        cluster,
+    };
+
+    // Warm-up: the pools exist from here on (a running cluster's state).
+    let warm = run_one(
+        &bench.bin,
+        &bench.invocation("ADD", "cid-warm", "warm"),
+        bench.watchdog,
+    );
+    if !warm.ok() {
+        bail!("warm-up ADD failed: {}", warm.describe());
+    }
+    let warm_del = run_one(
+        &bench.bin,
+        &bench.invocation("DEL", "cid-warm", "warm"),
+        bench.watchdog,
+    );
+    if !warm_del.ok() {
+        bail!("warm-up DEL failed: {}", warm_del.describe());
+    }
+
+    let mut phases: Vec<Phase> = Vec::new();
+    let mut problems: Vec<String> = Vec::new();
+    let sequential: Vec<(String, String)> = (0..options.sequential)
+        .map(|i| (format!("cid-seq-{i:03}"), format!("seq-{i:03}")))
+        .collect();
+    if !sequential.is_empty() {
+        let (p, outcomes) = bench.phase("uncontended ADD (sequential)", "ADD", &sequential, false);
+        if let Err(e) = bench.check_added(&outcomes, sequential.len() - p.failed) {
+            problems.push(format!("{}: {e:#}", p.name));
+        }
+        phases.push(p);
+        let (p, _) = bench.phase("uncontended DEL (sequential)", "DEL", &sequential, false);
+        if let Err(e) = bench.check_empty() {
+            problems.push(format!("{}: {e:#}", p.name));
+        }
+        phases.push(p);
+    }
+
+    let mut burst_adds = Vec::new();
+    let mut burst_dels = Vec::new();
+    for round in 1..=options.rounds {
+        let pods: Vec<(String, String)> = (0..options.pods)
+            .map(|i| {
+                (
+                    format!("cid-r{round}-{i:04}"),
+                    format!("burst-r{round}-{i:04}"),
+                )
+            })
+            .collect();
+        let (p, outcomes) = bench.phase(
+            &format!("burst ADD ({} concurrent), round {round}", options.pods),
+            "ADD",
+            &pods,
+            true,
+        );
+        if let Err(e) = bench.check_added(&outcomes, pods.len() - p.failed) {
+            problems.push(format!("{}: {e:#}", p.name));
+        }
+        burst_adds.push(p);
+        let (p, _) = bench.phase(
+            &format!("burst DEL ({} concurrent), round {round}", options.pods),
+            "DEL",
+            &pods,
+            true,
+        );
+        if let Err(e) = bench.check_empty() {
+            problems.push(format!("{}: {e:#}", p.name));
+        }
+        burst_dels.push(p);
+    }
+    let mut table: Vec<Phase> = Vec::new();
+    table.append(&mut phases);
+    if options.rounds > 1 {
+        table.push(Phase::merge(
+            &format!(
+                "burst ADD ({} concurrent), {} rounds",
+                options.pods, options.rounds
+            ),
+            &burst_adds.iter().collect::<Vec<_>>(),
+        ));
+        table.push(Phase::merge(
+            &format!(
+                "burst DEL ({} concurrent), {} rounds",
+                options.pods, options.rounds
+            ),
+            &burst_dels.iter().collect::<Vec<_>>(),
+        ));
+    }
+    let rounds: Vec<Phase> = burst_adds
+        .into_iter()
+        .zip(burst_dels)
+        .flat_map(|(a, d)| [a, d])
+        .collect();
+
+    let version = bench
+        .cluster
+        .binaries()
+        .kube_apiserver
+        .parent()
+        .and_then(|d| d.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let n_ranges = bench.ranges.len();
+    println!();
+    println!(
+        "thereabouts Kubernetes datastore, {} ({cores} cores); ranges {}; one process per call; plugin budget {} ms",
+        version,
+        bench.ranges.join(" + "),
+        options.timeout.as_millis()
+    );
+    println!();
+    println!(
+        "| phase | calls | wall | calls/s | p50 | p90 | p99 | max | API requests / call | per range | 409/422 answers / call | re-plans / call | CPU / call: plugin, apiserver+etcd | failed |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for p in table.iter().chain(&rounds) {
+        let (requests, per_range, conflicts) = match &p.requests {
+            Some(r) => (
+                per_call(r.total(), p.calls),
+                per_call(r.total() / n_ranges as f64, p.calls),
+                per_call(r.conflicts(), p.calls),
+            ),
+            None => (
+                format!("{} (logs)", per_call(p.logs.requests as f64, p.calls)),
+                per_call(p.logs.requests as f64 / n_ranges as f64, p.calls),
+                "n/a".to_string(),
+            ),
+        };
+        println!(
+            "| {} | {} | {:.2} s | {:.0} | {} | {} | {} | {} | {requests} | {per_range} | {conflicts} | {} | {}, {} | {} |",
+            p.name,
+            p.calls,
+            p.wall.as_secs_f64(),
+            p.calls as f64 / p.wall.as_secs_f64(),
+            ms(percentile(&p.latencies, 50.0)),
+            ms(percentile(&p.latencies, 90.0)),
+            ms(percentile(&p.latencies, 99.0)),
+            ms(percentile(&p.latencies, 100.0)),
+            per_call(p.logs.replans as f64, p.calls),
+            ms(p.plugin_cpu / p.calls.max(1) as u32),
+            ms(p.server_cpu / p.calls.max(1) as u32),
+            p.failed,
+        );
+    }
+    println!();
+    println!(
+        "API requests per call by verb, resource and answer (apiserver_request_total), and as the plugins logged them:"
+    );
+    println!();
+    for p in &table {
+        let counted = match &p.requests {
+            Some(r) => r
+                .lines()
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", per_call(*v, p.calls)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "n/a".to_string(),
+        };
+        let logged = p
+            .logs
+            .by_target
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", per_call(*v as f64, p.calls)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        println!(
+            "- {}: apiserver {counted}; plugin logs {} per call ({logged})",
+            p.name,
+            per_call(p.logs.requests as f64, p.calls)
+        );
+    }
+    if problems.is_empty() {
+        println!();
+        println!(
+            "checks: every phase left one address per range and pod, no duplicate, and empty pools after the DELs"
+        );
+        Ok(())
+    } else {
+        for p in &problems {
+            eprintln!("bench: CHECK FAILED: {p}");
+        }
+        bail!("{} check(s) failed", problems.len())
+    }
+}

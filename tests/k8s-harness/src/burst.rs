@@ -1,0 +1,540 @@
+//! Bursts of plugin processes against a harness [`Cluster`](crate::Cluster), shared
+//! by `tests/burst.rs` and the `bench_k8s_burst` binary:
+//!
+//! * [`run_concurrently`]: many `thereabouts` CNI processes started at once (one
+//!   thread each, released together by a barrier), each bounded by a watchdog;
+//!   the elapsed time of a call runs from just before its spawn to its exit;
+//! * [`pool_entries`] / [`reservation_name`]: the allocations of a pool as
+//!   addresses, and whereabouts' ORIP name of an address, to compare CNI results
+//!   with what the apiserver holds;
+//! * [`RequestCounts`]: the apiserver's own count of requests to the whereabouts
+//!   resources (`apiserver_request_total` from `GET /metrics`, as admin), by verb,
+//!   resource and answer code — every request that reached it, retries included;
+//! * [`LogStats`]: what a plugin's debug log (`log_level: debug`) says about one
+//!   call: API requests per pool or reservation, and re-plans after conflicts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use thereabouts_e2e::{Call, Outcome, add_offset, range_network};
+
+use crate::plugin::{GROUP_VERSION, Objects, api_requests};
+
+/// One plugin run: the CNI environment, the config on stdin, extra environment
+/// (`THEREABOUTS_TIMEOUT_MS`, ...).
+#[derive(Clone, Debug)]
+pub struct Invocation {
+    pub call: Call,
+    pub stdin: String,
+    pub env: Vec<(String, String)>,
+}
+
+impl Invocation {
+    pub fn new(call: Call, stdin: impl Into<String>) -> Self {
+        Invocation {
+            call,
+            stdin: stdin.into(),
+            env: Vec::new(),
+        }
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// `THEREABOUTS_TIMEOUT_MS`: the plugin's budget for the call.
+    pub fn budget(self, budget: Duration) -> Self {
+        let ms = budget.as_millis().to_string();
+        self.env("THEREABOUTS_TIMEOUT_MS", &ms)
+    }
+}
+
+/// Runs one invocation to completion; killed (and reported `timed_out`) after
+/// `watchdog`. Output beyond a pipe's buffer (64 KiB) would stall the plugin
+/// until the watchdog fires; CNI results and errors are far smaller.
+pub fn run_one(bin: &Path, invocation: &Invocation, watchdog: Duration) -> Outcome {
+    let call = &invocation.call;
+    let mut command = Command::new(bin);
+    command
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", &call.command)
+        .env("CNI_CONTAINERID", &call.container_id)
+        .env("CNI_NETNS", &call.netns)
+        .env("CNI_IFNAME", &call.ifname)
+        .env("CNI_ARGS", &call.cni_args)
+        .env("CNI_PATH", &call.cni_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in &invocation.env {
+        command.env(k, v);
+    }
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {}: {e}", bin.display()));
+    {
+        // Far below the pipe buffer: never blocks. EPIPE (the plugin exited
+        // without reading) is the plugin's business, its answer tells.
+        let mut stdin = child.stdin.take().expect("stdin");
+        let _ = stdin.write_all(invocation.stdin.as_bytes());
+    }
+    let timed_out = !wait_exit(child.id(), watchdog.saturating_sub(started.elapsed()));
+    if timed_out {
+        let _ = child.kill(); // not reaped yet: the pid is still this child's
+    }
+    let out = child.wait_with_output().expect("waiting for the plugin");
+    Outcome {
+        call: call.clone(),
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: started.elapsed(),
+        timed_out,
+    }
+}
+
+/// Waits until the (unreaped) child `pid` exits, at most `limit`; true if it did.
+/// A pidfd: no polling loop, and the exit is seen at once (latencies are measured).
+fn wait_exit(pid: u32, limit: Duration) -> bool {
+    // SAFETY: plain syscalls on a pid we own (a child not yet reaped) and the fd
+    // they return, closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as libc::c_int;
+    if fd < 0 {
+        // No pidfd (old kernel): fall back to polling.
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            // WNOWAIT: look without reaping (wait_with_output reaps).
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let r = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    pid as libc::id_t,
+                    &mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
+            if r == 0 && unsafe { info.si_pid() } != 0 {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        return false;
+    }
+    let deadline = Instant::now() + limit;
+    let exited = loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = remaining.as_millis().min(i32::MAX as u128) as libc::c_int;
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r > 0 {
+            break true;
+        }
+        if r == 0 {
+            break false;
+        }
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break false;
+        }
+    };
+    unsafe { libc::close(fd) };
+    exited
+}
+
+/// Runs every invocation at once: one thread each, all released together, so
+/// the processes start within the time it takes to fork them. `on_exit` (if
+/// given) sees each outcome as soon as its call ends, for a test that acts
+/// partway. Outcomes in the order of `invocations`.
+pub fn run_concurrently(
+    bin: &Path,
+    invocations: &[Invocation],
+    watchdog: Duration,
+    on_exit: Option<&(dyn Fn(&Outcome) + Sync)>,
+) -> Vec<Outcome> {
+    let barrier = Barrier::new(invocations.len());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = invocations
+            .iter()
+            .map(|inv| {
+                let barrier = &barrier;
+                std::thread::Builder::new()
+                    .stack_size(256 * 1024)
+                    .spawn_scoped(scope, move || {
+                        barrier.wait();
+                        let outcome = run_one(bin, inv, watchdog);
+                        if let Some(f) = on_exit {
+                            f(&outcome);
+                        }
+                        outcome
+                    })
+                    .expect("starting a runner thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("runner thread panicked"))
+            .collect()
+    })
+}
+
+/// Panics with the first few failures (everything needed to reproduce them).
+pub fn expect_all_ok(outcomes: &[Outcome], what: &str) {
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.ok()).collect();
+    if !failed.is_empty() {
+        let shown: Vec<String> = failed.iter().take(5).map(|o| o.describe()).collect();
+        panic!(
+            "{what}: {} of {} calls failed; first ones:\n{}",
+            failed.len(),
+            outcomes.len(),
+            shown.join("\n---\n")
+        );
+    }
+}
+
+/// The pod name of a call made with [`Call::pod`] (`K8S_POD_NAME`).
+pub fn pod_name(call: &Call) -> &str {
+    call.cni_args
+        .split(';')
+        .find_map(|kv| kv.strip_prefix("K8S_POD_NAME="))
+        .unwrap_or("")
+}
+
+/// The address part of `ip/prefix`.
+pub fn address(cidr: &str) -> IpAddr {
+    thereabouts_e2e::addr_of(cidr)
+}
+
+/// Whether `ip` lies inside `range` (`net/len`).
+pub fn contains(range: &str, ip: IpAddr) -> bool {
+    let (net, len) = range_network(range);
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(a)) => {
+            let mask = if len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - len as u32)
+            };
+            u32::from(a) & mask == u32::from(n)
+        }
+        (IpAddr::V6(n), IpAddr::V6(a)) => {
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len as u32)
+            };
+            u128::from(a) & mask == u128::from(n)
+        }
+        _ => false,
+    }
+}
+
+/// whereabouts' ORIP name of an address (`network_name` unset): the address's
+/// text with `:` replaced by `-` (`fd80::5` → `fd80--5`).
+pub fn reservation_name(ip: IpAddr) -> String {
+    ip.to_string().replace(':', "-")
+}
+
+/// One entry of an IPPool, with its address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolEntry {
+    pub key: String,
+    pub address: IpAddr,
+    pub id: String,
+    pub podref: String,
+    pub ifname: String,
+}
+
+/// `spec.allocations` of the pool `name` (of `range`) by address. Panics on a
+/// key that is not a decimal offset.
+pub fn pool_entries(
+    objects: &Objects,
+    name: &str,
+    range: &str,
+) -> Result<BTreeMap<IpAddr, PoolEntry>> {
+    let (net, _) = range_network(range);
+    let mut out = BTreeMap::new();
+    for (key, v) in objects.allocations(name)? {
+        let offset: u128 = key
+            .parse()
+            .with_context(|| format!("IPPool {name}: allocation key {key:?} is no offset"))?;
+        let address = add_offset(net, offset);
+        let text = |f: &str| v[f].as_str().unwrap_or_default().to_string();
+        out.insert(
+            address,
+            PoolEntry {
+                key,
+                address,
+                id: text("id"),
+                podref: text("podref"),
+                ifname: text("ifname"),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// The reservations (ORIP `spec`s by name) whose address lies in one of `ranges`.
+pub fn reservations_in(objects: &Objects, ranges: &[&str]) -> Result<BTreeMap<String, Value>> {
+    Ok(objects
+        .reservations()?
+        .into_iter()
+        .filter(|(name, _)| {
+            name.replace('-', ":")
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| ranges.iter().any(|r| contains(r, ip)))
+        })
+        .collect())
+}
+
+/// CPU time (user + system) of this process's children that have been reaped:
+/// the plugin processes a phase ran, when read before and after it.
+pub fn children_cpu() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// CPU time (user + system) a running process has used so far (`/proc/<pid>/stat`).
+pub fn process_cpu(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    // Fields after the command (which may hold spaces) : state is field 3,
+    // utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let total = ticks(11) + ticks(12);
+    Duration::from_micros(total * 1_000_000 / hz)
+}
+
+/// Nearest-rank percentile of durations (`p` in 0..=100); zero when empty.
+pub fn percentile(durations: &[Duration], p: f64) -> Duration {
+    let mut sorted = durations.to_vec();
+    sorted.sort();
+    thereabouts_e2e::percentile(&sorted, p)
+}
+
+/// Requests the apiserver counted (`apiserver_request_total`) for the
+/// whereabouts resources, by (verb, resource, code).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestCounts(pub BTreeMap<(String, String, String), f64>);
+
+impl RequestCounts {
+    /// Parses the Prometheus text of `/metrics`: the `apiserver_request_total`
+    /// samples of group `whereabouts.cni.cncf.io`, summed over the other labels.
+    pub fn parse(metrics: &str) -> RequestCounts {
+        let group = GROUP_VERSION.split('/').next().unwrap();
+        let mut counts = BTreeMap::new();
+        for line in metrics.lines() {
+            let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once("} ") else {
+                continue;
+            };
+            let labels = parse_labels(labels);
+            if labels.get("group").map(String::as_str) != Some(group) {
+                continue;
+            }
+            let Ok(value) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let key = |k: &str| labels.get(k).cloned().unwrap_or_default();
+            *counts
+                .entry((key("verb"), key("resource"), key("code")))
+                .or_insert(0.0) += value;
+        }
+        RequestCounts(counts)
+    }
+
+    /// The counts of `self` minus those of `before` (an earlier scrape).
+    pub fn since(&self, before: &RequestCounts) -> RequestCounts {
+        RequestCounts(
+            self.0
+                .iter()
+                .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0.0)))
+                .filter(|(_, v)| *v > 0.0)
+                .collect(),
+        )
+    }
+
+    pub fn total(&self) -> f64 {
+        // fold from +0.0: an empty f64 sum is -0.0, printed "-0.00".
+        self.0.values().fold(0.0, |a, b| a + b)
+    }
+
+    /// Requests answered 409 (AlreadyExists, Conflict) or 422 (a failed JSON-patch test).
+    pub fn conflicts(&self) -> f64 {
+        self.0
+            .iter()
+            .filter(|((_, _, code), _)| code == "409" || code == "422")
+            .fold(0.0, |a, (_, v)| a + v)
+    }
+
+    /// `VERB resource code` → count, for a breakdown.
+    pub fn lines(&self) -> Vec<(String, f64)> {
+        self.0
+            .iter()
+            .map(|((verb, resource, code), v)| (format!("{verb} {resource} {code}"), *v))
+            .collect()
+    }
+}
+
+fn parse_labels(text: &str) -> HashMap<String, String> {
+    // name="value",name="value" (values here hold no quotes or commas).
+    let mut out = HashMap::new();
+    for part in text.split("\",") {
+        if let Some((k, v)) = part.split_once("=\"") {
+            out.insert(k.trim().to_string(), v.trim_end_matches('"').to_string());
+        }
+    }
+    out
+}
+
+/// Scrapes `/metrics` as admin (blocking: a private current-thread runtime).
+pub struct Metrics {
+    runtime: tokio::runtime::Runtime,
+    client: kube::Client,
+}
+
+impl Metrics {
+    pub fn admin(cluster: &crate::Cluster) -> Result<Metrics> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let client = runtime.block_on(cluster.admin_client())?;
+        Ok(Metrics { runtime, client })
+    }
+
+    pub fn requests(&self) -> Result<RequestCounts> {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        let text = self
+            .runtime
+            .block_on(self.client.request_text(request))
+            .context("GET /metrics")?;
+        let counts = RequestCounts::parse(&text);
+        if !text.contains("apiserver_request_total") {
+            bail!("/metrics has no apiserver_request_total");
+        }
+        Ok(counts)
+    }
+}
+
+/// What one plugin call's debug log says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// API requests sent (`kubernetes API request #n` lines).
+    pub requests: usize,
+    /// Requests per target: the IPPool's name, `reservations <family>` for a
+    /// named reservation, or the collection (`POST ... /ippools`).
+    pub by_target: BTreeMap<String, usize>,
+    /// Re-plans after a conflict (`changed concurrently; planning again`).
+    pub replans: usize,
+}
+
+impl LogStats {
+    pub fn read(log: &Path) -> LogStats {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let mut stats = LogStats {
+            replans: text.matches("changed concurrently").count(),
+            ..LogStats::default()
+        };
+        for request in api_requests(log) {
+            stats.requests += 1;
+            let path = request
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or_default()
+                .split('?')
+                .next()
+                .unwrap_or_default();
+            let mut parts = path.rsplit('/');
+            let last = parts.next().unwrap_or_default();
+            let target = match last {
+                "ippools" | "overlappingrangeipreservations" => format!("{last} (collection)"),
+                name if path.contains("/overlappingrangeipreservations/") => {
+                    let family = if name.contains('.') { "IPv4" } else { "IPv6" };
+                    format!("reservation {family}")
+                }
+                name => name.to_string(),
+            };
+            *stats.by_target.entry(target).or_insert(0) += 1;
+        }
+        stats
+    }
+
+    pub fn add(&mut self, other: &LogStats) {
+        self.requests += other.requests;
+        self.replans += other.replans;
+        for (k, v) in &other.by_target {
+            *self.by_target.entry(k.clone()).or_insert(0) += v;
+        }
+    }
+}
+
+/// A per-call log file path under `dir` (one file per process keeps the counts
+/// apart).
+pub fn log_path(dir: &Path, tag: &str) -> PathBuf {
+    dir.join(format!("{tag}.log"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_counts_parse_and_subtract() {
+        let before = RequestCounts::parse(
+            "# HELP apiserver_request_total x\n\
+             apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",group=\"whereabouts.cni.cncf.io\",resource=\"ippools\",scope=\"resource\",subresource=\"\",verb=\"GET\",version=\"v1alpha1\"} 3\n\
+             apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",group=\"\",resource=\"pods\",scope=\"resource\",subresource=\"\",verb=\"GET\",version=\"v1\"} 99\n",
+        );
+        let after = RequestCounts::parse(
+            "apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",group=\"whereabouts.cni.cncf.io\",resource=\"ippools\",scope=\"resource\",subresource=\"\",verb=\"GET\",version=\"v1alpha1\"} 5\n\
+             apiserver_request_total{code=\"422\",component=\"apiserver\",dry_run=\"\",group=\"whereabouts.cni.cncf.io\",resource=\"ippools\",scope=\"resource\",subresource=\"\",verb=\"PATCH\",version=\"v1alpha1\"} 1\n",
+        );
+        let d = after.since(&before);
+        assert_eq!(d.total(), 3.0);
+        assert_eq!(d.conflicts(), 1.0);
+        assert_eq!(
+            d.lines(),
+            [
+                ("GET ippools 200".to_string(), 2.0),
+                ("PATCH ippools 422".to_string(), 1.0)
+            ]
+        );
+    }
+
+    #[test]
+    fn reservation_names_and_ranges() {
+        let v6: IpAddr = "fd80::5".parse().unwrap();
+        assert_eq!(reservation_name(v6), "fd80--5");
+        assert_eq!(reservation_name("10.80.0.7".parse().unwrap()), "10.80.0.7");
+        assert!(contains("fd80::/64", v6) && !contains("fd81::/64", v6));
+        assert!(contains("10.80.0.0/24", "10.80.0.255".parse().unwrap()));
+        assert!(!contains("10.80.0.0/24", "10.80.1.0".parse().unwrap()));
+    }
+}
