@@ -48,6 +48,18 @@ fn prepared_cluster() -> Cluster {
             .await
             .expect("installing deploy/rbac.yaml");
     });
+    // The plugin reads pools as LISTs, which the apiserver serves from its watch
+    // cache and answers 429 until that cache is ready: wait for it, so the exact
+    // request sequences below do not depend on how fast the apiserver warms up.
+    let objects = Objects::admin(&cluster).unwrap();
+    let ready = Instant::now() + Duration::from_secs(30);
+    while objects.list(IPPOOLS).is_err() || objects.list(RESERVATIONS).is_err() {
+        assert!(
+            Instant::now() < ready,
+            "the apiserver never served IPPool lists"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     cluster
 }
 

@@ -4,9 +4,10 @@
 //! whereabouts v0.9.4 does, so both plugins can share a cluster's pools.
 //!
 //! - Namespace: the kubeconfig's current context's, `kube-system` if it names none.
-//! - [`load`](Datastore::load): LIST the `IPPool` by name (`fieldSelector`, one
-//!   request like a GET, but the answer also tells the revision the read saw);
-//!   none = empty pool (created on commit).
+//! - [`load`](Datastore::load): LIST the `IPPool` by name (`fieldSelector`: one
+//!   request like a GET, served from the apiserver's cache, and the answer tells
+//!   the revision the read saw; a GET while that cache warms up); none = empty
+//!   pool (created on commit).
 //! - [`commit`](Datastore::commit), all or nothing:
 //!   1. reservations first: POST one `OverlappingRangeIPReservation` per new
 //!      address. One that exists for the same pod and interface is adopted; one
@@ -251,12 +252,22 @@ impl KubernetesStore {
     /// are retried a few times while time remains. Transport failures are
     /// returned as errors, API failures as [`Reply::Status`].
     fn call(&self, method: Method, path: &str, body: Option<(&str, &Value)>, action: &str, deadline: Instant) -> Result<Reply, DatastoreError> {
-        self.call_within(method, path, body, action, deadline, REQUEST_TIMEOUT)
+        self.call_within(method, path, body, action, deadline, REQUEST_TIMEOUT, THROTTLE_RETRIES)
     }
 
     /// [`call`](Self::call) with another cap than [`REQUEST_TIMEOUT`] on the wait
-    /// for one answer.
-    fn call_within(&self, method: Method, path: &str, body: Option<(&str, &Value)>, action: &str, deadline: Instant, cap: Duration) -> Result<Reply, DatastoreError> {
+    /// for one answer, and another number of retries of 429/503/504.
+    #[allow(clippy::too_many_arguments, reason = "call's arguments plus its two limits")]
+    fn call_within(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(&str, &Value)>,
+        action: &str,
+        deadline: Instant,
+        cap: Duration,
+        throttle_retries: u32,
+    ) -> Result<Reply, DatastoreError> {
         let mut throttled = 0;
         let mut backoff = Backoff::between(Duration::from_millis(50), Duration::from_secs(1));
         loop {
@@ -293,7 +304,7 @@ impl KubernetesStore {
                 Ok(Err(kube::Error::Api(status))) => {
                     log(&format!("{} {}", status.code, status.reason));
                     logging::debug(format!("kubernetes API answer #{number}: {}", failure::describe_status(&status)));
-                    if matches!(status.code, 429 | 503 | 504) && throttled < THROTTLE_RETRIES {
+                    if matches!(status.code, 429 | 503 | 504) && throttled < throttle_retries {
                         throttled += 1;
                         let asked = status.details.as_ref().map_or(0, |d| d.retry_after_seconds);
                         let slept = if asked > 0 {
@@ -344,21 +355,36 @@ impl KubernetesStore {
 
     /// Reads the pool as a LIST of the one object by name: the answer carries the
     /// revision the read saw (kept in `read_revisions`), which tells reservations
-    /// older than this read from ones made since (`reserved_before_read`).
+    /// older than this read from ones made since (`reserved_before_read`), and the
+    /// apiserver serves it from its watch cache (at 200 entries about a fifth of
+    /// the CPU of a GET, which reads etcd). While that cache is not ready (after
+    /// the apiserver or the CRD started) the LIST answers 429: then one GET of the
+    /// object instead, without a revision.
     fn read_pool(&self, pool: &PoolId, deadline: Instant) -> Result<Option<PoolObject>, DatastoreError> {
         let action = format!("reading IPPool {}/{}", self.namespace, pool.name);
-        let malformed = |detail: String| DatastoreError::Malformed { object: format!("IPPool {}/{}", self.namespace, pool.name), detail };
-        let list = match self.call(Method::GET, &crd::named_list_path(&self.namespace, IPPOOLS, &pool.name), None, &action, deadline)? {
-            Reply::Object(list) => list,
+        let path = crd::named_list_path(&self.namespace, IPPOOLS, &pool.name);
+        let object = match self.call_within(Method::GET, &path, None, &action, deadline, REQUEST_TIMEOUT, 0)? {
+            Reply::Object(list) => {
+                let revision = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+                lock(&self.read_revisions).insert(pool.name.clone(), revision);
+                let items = list.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+                match items.iter().find(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(pool.name.as_str())) {
+                    Some(object) => object.clone(),
+                    None => return Ok(None),
+                }
+            }
+            Reply::Status(s) if s.code == 429 => {
+                lock(&self.read_revisions).remove(&pool.name);
+                match self.call(Method::GET, &self.pool_path(&pool.name), None, &action, deadline)? {
+                    Reply::Object(object) => object,
+                    Reply::Status(s) if failure::is_object_not_found(&s, &pool.name) => return Ok(None),
+                    Reply::Status(s) => return Err(self.status_error(&s, &action)),
+                }
+            }
             Reply::Status(s) => return Err(self.status_error(&s, &action)),
         };
-        let revision = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
-        lock(&self.read_revisions).insert(pool.name.clone(), revision);
-        let items = list.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-        let Some(object) = items.iter().find(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(pool.name.as_str())) else {
-            return Ok(None);
-        };
-        let parsed = crd::parse_pool(object).map_err(malformed)?;
+        let malformed = |detail: String| DatastoreError::Malformed { object: format!("IPPool {}/{}", self.namespace, pool.name), detail };
+        let parsed = crd::parse_pool(&object).map_err(malformed)?;
         if let Some(range) = parsed.range.as_deref().filter(|r| *r != pool.cidr) {
             return Err(malformed(format!("it holds range {range}, expected {}", pool.cidr)));
         }
@@ -491,7 +517,7 @@ impl KubernetesStore {
         let read = read.ok_or_else(|| inconsistent(format!("commit against version {:?}, which this process did not read", update.expected.0)))?;
         let patch = patch::update(&read, &update.changes).map_err(inconsistent)?;
         let action = format!("patching IPPool {}/{name}", self.namespace);
-        let result = match self.call_within(Method::PATCH, &self.pool_path(name), Some((JSON_PATCH, &patch)), &action, deadline, WRITE_TIMEOUT)? {
+        let result = match self.call_within(Method::PATCH, &self.pool_path(name), Some((JSON_PATCH, &patch)), &action, deadline, WRITE_TIMEOUT, THROTTLE_RETRIES)? {
             Reply::Object(_) => Ok(()),
             // An entry's test failed (its offset was taken, or the entry to change
             // is gone or someone else's), or the pool was deleted since.
