@@ -226,7 +226,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     let cluster = shared();
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(&cluster, "k8s-burst200", &["10.80.0.0/24", "fd80::/64"]);
+    let net = Network::new(&cluster, "k8s-burst200", &["192.0.2.0/24", "2001:db8:80::/64"]);
     let pods = pods("burst", PODS);
 
     let started = Instant::now();
@@ -304,7 +304,7 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
     let cluster = prepared_cluster();
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(&cluster, "k8s-fault", &["10.81.0.0/24", "fd81::/64"]);
+    let net = Network::new(&cluster, "k8s-fault", &["198.51.100.0/24", "2001:db8:81::/64"]);
     // The pools exist before the burst, as in a running cluster.
     let warm = run_one(
         &bin,
@@ -779,7 +779,7 @@ fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
     let cluster = shared();
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(&cluster, "k8s-mixed", &["10.82.0.0/24", "fd82::/64"]);
+    let net = Network::new(&cluster, "k8s-mixed", &["203.0.113.0/24", "2001:db8:82::/64"]);
     let (v4_pool, v4_range) = net.pools()[0].clone();
     let pods = pods("mixed", PODS);
 
