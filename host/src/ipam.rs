@@ -218,7 +218,10 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
 pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<usize, CniError> {
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
-    until_committed(store, &pools, deadline, "DEL", |_| {
+    if reserving {
+        store.begin_release(who.container_id, who.ifname, deadline)?;
+    }
+    let removed = until_committed(store, &pools, deadline, "DEL", |_| {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();
         let mut removed = 0;
@@ -236,7 +239,14 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
         }
         let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
         Ok((removed, updates))
-    })
+    })?;
+    if reserving {
+        let leftovers = store.end_release(deadline)?;
+        if leftovers > 0 {
+            crate::logging::verbose(format!("DEL {}/{}: freed {leftovers} reservation(s) an earlier ADD left without a pool entry", who.container_id, who.ifname));
+        }
+    }
+    Ok(removed)
 }
 
 /// CHECK: the attachment's entry in each range, `None` where it has none.

@@ -200,6 +200,22 @@ pub trait Datastore {
     /// bounded by `deadline` plus a short grace.
     fn finish(&self, _deadline: Instant) {}
 
+    /// DEL, before its pools are read: lets the store look up what the
+    /// attachment (container ID, interface) holds outside the pools, for
+    /// [`end_release`](Datastore::end_release). Kubernetes: one LIST of the
+    /// reservations labelled with the attachment.
+    fn begin_release(&self, _container_id: &str, _ifname: &str, _deadline: Instant) -> Result<(), DatastoreError> {
+        Ok(())
+    }
+
+    /// DEL, after its entries left the pools: frees what the attachment still
+    /// holds outside them, and returns how many. Kubernetes: reservations an ADD
+    /// made and could not delete before it failed (the apiserver went away, the
+    /// process was killed); no pool entry leads to those.
+    fn end_release(&self, _deadline: Instant) -> Result<usize, DatastoreError> {
+        Ok(0)
+    }
+
     /// Whether the datastore can serve an ADD now (CNI STATUS).
     fn check_usable(&self) -> Result<(), DatastoreError>;
 

@@ -75,7 +75,7 @@ impl Node {
             .env("CNI_CONF_DIR", self.conf())
             .env("HOST_CNI_CONF_DIR", "/etc/cni/net.d")
             .env("SERVICE_ACCOUNT_DIR", self.sa())
-            .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+            .env("KUBERNETES_SERVICE_HOST", "192.0.2.1")
             .env("KUBERNETES_SERVICE_PORT", "443")
             .stdin(Stdio::null());
         for (k, v) in extra {
@@ -215,7 +215,7 @@ fn installs_binary_flat_file_and_kubeconfig() {
         .iter()
         .find(|c| c["name"] == ctx["cluster"])
         .expect("the context's cluster exists");
-    assert_eq!(cluster["cluster"]["server"], "https://10.96.0.1:443");
+    assert_eq!(cluster["cluster"]["server"], "https://192.0.2.1:443");
     let ca = base64::engine::general_purpose::STANDARD
         .decode(
             cluster["cluster"]["certificate-authority-data"]
@@ -236,13 +236,13 @@ fn installs_binary_flat_file_and_kubeconfig() {
 fn ipv6_apiserver_address_is_bracketed() {
     let node = Node::new("installer-v6");
     node.once(&[
-        ("KUBERNETES_SERVICE_HOST", "fd00:10:96::1"),
+        ("KUBERNETES_SERVICE_HOST", "2001:db8:10:96::1"),
         ("KUBERNETES_SERVICE_PORT", "6443"),
     ]);
-    assert_eq!(node.server(), "https://[fd00:10:96::1]:6443");
+    assert_eq!(node.server(), "https://[2001:db8:10:96::1]:6443");
     // Already bracketed: kept as it is.
-    node.once(&[("KUBERNETES_SERVICE_HOST", "[fd00::1]")]);
-    assert_eq!(node.server(), "https://[fd00::1]:443");
+    node.once(&[("KUBERNETES_SERVICE_HOST", "[2001:db8::1]")]);
+    assert_eq!(node.server(), "https://[2001:db8::1]:443");
     // Names and IPv4 addresses get none.
     node.once(&[("KUBERNETES_SERVICE_HOST", "api.cluster.example")]);
     assert_eq!(node.server(), "https://api.cluster.example:443");

@@ -190,15 +190,57 @@ pub fn run_concurrently(
     })
 }
 
-/// Panics with the first few failures (everything needed to reproduce them).
+/// A failure's message with numbers and names blurred (`#`), to group failures.
+pub fn blurred_message(outcome: &Outcome) -> String {
+    let error = serde_json::from_str::<Value>(&outcome.stdout)
+        .ok()
+        .and_then(|v| {
+            let msg = v.get("msg")?.as_str()?;
+            let blurred: Vec<&str> = msg
+                .split(' ')
+                .map(|w| {
+                    if w.chars().any(|c| c.is_ascii_digit()) {
+                        "#"
+                    } else {
+                        w
+                    }
+                })
+                .collect();
+            Some(format!("[code {}] {}", v.get("code")?, blurred.join(" ")))
+        });
+    match error {
+        Some(e) => e,
+        None if outcome.timed_out => "killed by the watchdog".to_string(),
+        None => format!("no CNI error on stdout (exit {:?})", outcome.status.code()),
+    }
+}
+
+/// The failed calls grouped by [`blurred_message`], most frequent first.
+pub fn failure_summary(outcomes: &[Outcome]) -> Vec<(usize, String)> {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for o in outcomes.iter().filter(|o| !o.ok()) {
+        *counts.entry(blurred_message(o)).or_insert(0) += 1;
+    }
+    let mut v: Vec<(usize, String)> = counts.into_iter().map(|(m, n)| (n, m)).collect();
+    v.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    v
+}
+
+/// Panics with the failures grouped by message and the first few in full
+/// (everything needed to reproduce them).
 pub fn expect_all_ok(outcomes: &[Outcome], what: &str) {
     let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.ok()).collect();
     if !failed.is_empty() {
-        let shown: Vec<String> = failed.iter().take(5).map(|o| o.describe()).collect();
+        let groups: Vec<String> = failure_summary(outcomes)
+            .into_iter()
+            .map(|(n, m)| format!("  {n} × {m}"))
+            .collect();
+        let shown: Vec<String> = failed.iter().take(3).map(|o| o.describe()).collect();
         panic!(
-            "{what}: {} of {} calls failed; first ones:\n{}",
+            "{what}: {} of {} calls failed:\n{}\nfirst ones:\n{}",
             failed.len(),
             outcomes.len(),
+            groups.join("\n"),
             shown.join("\n---\n")
         );
     }
@@ -242,7 +284,7 @@ pub fn contains(range: &str, ip: IpAddr) -> bool {
 }
 
 /// whereabouts' ORIP name of an address (`network_name` unset): the address's
-/// text with `:` replaced by `-` (`fd80::5` → `fd80--5`).
+/// text with `:` replaced by `-` (`2001:db8:80::5` → `2001-db8-80--5`).
 pub fn reservation_name(ip: IpAddr) -> String {
     ip.to_string().replace(':', "-")
 }
@@ -337,68 +379,157 @@ pub fn percentile(durations: &[Duration], p: f64) -> Duration {
     thereabouts_e2e::percentile(&sorted, p)
 }
 
-/// Requests the apiserver counted (`apiserver_request_total`) for the
-/// whereabouts resources, by (verb, resource, code).
+/// What the apiserver counted for the whereabouts resources (group
+/// `whereabouts.cni.cncf.io`) in its `/metrics`, summed over the other labels:
+///
+/// * `requests`: `apiserver_request_total` by (verb, resource, code): every
+///   request that reached it;
+/// * `etcd`: `etcd_request_duration_seconds_count` by (operation, resource): the
+///   storage operations behind them — a PATCH the apiserver had to re-apply
+///   because the object changed under it (`GuaranteedUpdate`) costs one etcd
+///   `update` per attempt;
+/// * `seconds`: `apiserver_request_duration_seconds_sum` by (verb, resource):
+///   the time requests spent inside the apiserver.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RequestCounts(pub BTreeMap<(String, String, String), f64>);
+pub struct RequestCounts {
+    pub requests: BTreeMap<(String, String, String), f64>,
+    pub etcd: BTreeMap<(String, String), f64>,
+    pub seconds: BTreeMap<(String, String), f64>,
+}
+
+/// The samples of metric `name` whose `group` label is the whereabouts group.
+fn group_samples<'a>(
+    metrics: &'a str,
+    name: &'a str,
+) -> impl Iterator<Item = (HashMap<String, String>, f64)> + 'a {
+    let group = GROUP_VERSION.split('/').next().unwrap();
+    metrics.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (labels, value) = rest.rsplit_once("} ")?;
+        let labels = parse_labels(labels);
+        if labels.get("group").map(String::as_str) != Some(group) {
+            return None;
+        }
+        Some((labels, value.trim().parse::<f64>().ok()?))
+    })
+}
+
+fn minus<K: Ord + Clone>(now: &BTreeMap<K, f64>, before: &BTreeMap<K, f64>) -> BTreeMap<K, f64> {
+    now.iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+fn plus<K: Ord + Clone>(total: &mut BTreeMap<K, f64>, more: &BTreeMap<K, f64>) {
+    for (k, v) in more {
+        *total.entry(k.clone()).or_insert(0.0) += v;
+    }
+}
+
+/// A sum from +0.0: an empty f64 sum is -0.0, printed "-0.00".
+fn sum<'a>(values: impl Iterator<Item = &'a f64>) -> f64 {
+    values.fold(0.0, |a, b| a + b)
+}
 
 impl RequestCounts {
-    /// Parses the Prometheus text of `/metrics`: the `apiserver_request_total`
-    /// samples of group `whereabouts.cni.cncf.io`, summed over the other labels.
+    /// Parses the Prometheus text of `/metrics`.
     pub fn parse(metrics: &str) -> RequestCounts {
-        let group = GROUP_VERSION.split('/').next().unwrap();
-        let mut counts = BTreeMap::new();
-        for line in metrics.lines() {
-            let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-                continue;
-            };
-            let Some((labels, value)) = rest.rsplit_once("} ") else {
-                continue;
-            };
-            let labels = parse_labels(labels);
-            if labels.get("group").map(String::as_str) != Some(group) {
-                continue;
-            }
-            let Ok(value) = value.trim().parse::<f64>() else {
-                continue;
-            };
-            let key = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        let mut counts = RequestCounts::default();
+        let key =
+            |labels: &HashMap<String, String>, k: &str| labels.get(k).cloned().unwrap_or_default();
+        for (l, v) in group_samples(metrics, "apiserver_request_total") {
             *counts
-                .entry((key("verb"), key("resource"), key("code")))
-                .or_insert(0.0) += value;
+                .requests
+                .entry((key(&l, "verb"), key(&l, "resource"), key(&l, "code")))
+                .or_insert(0.0) += v;
         }
-        RequestCounts(counts)
+        for (l, v) in group_samples(metrics, "etcd_request_duration_seconds_count") {
+            *counts
+                .etcd
+                .entry((key(&l, "operation"), key(&l, "resource")))
+                .or_insert(0.0) += v;
+        }
+        for (l, v) in group_samples(metrics, "apiserver_request_duration_seconds_sum") {
+            *counts
+                .seconds
+                .entry((key(&l, "verb"), key(&l, "resource")))
+                .or_insert(0.0) += v;
+        }
+        counts
     }
 
     /// The counts of `self` minus those of `before` (an earlier scrape).
     pub fn since(&self, before: &RequestCounts) -> RequestCounts {
-        RequestCounts(
-            self.0
-                .iter()
-                .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0.0)))
-                .filter(|(_, v)| *v > 0.0)
-                .collect(),
-        )
+        RequestCounts {
+            requests: minus(&self.requests, &before.requests),
+            etcd: minus(&self.etcd, &before.etcd),
+            seconds: minus(&self.seconds, &before.seconds),
+        }
+    }
+
+    /// Adds `other`'s counts (another phase).
+    pub fn add(&mut self, other: &RequestCounts) {
+        plus(&mut self.requests, &other.requests);
+        plus(&mut self.etcd, &other.etcd);
+        plus(&mut self.seconds, &other.seconds);
     }
 
     pub fn total(&self) -> f64 {
-        // fold from +0.0: an empty f64 sum is -0.0, printed "-0.00".
-        self.0.values().fold(0.0, |a, b| a + b)
+        sum(self.requests.values())
     }
 
     /// Requests answered 409 (AlreadyExists, Conflict) or 422 (a failed JSON-patch test).
     pub fn conflicts(&self) -> f64 {
-        self.0
+        sum(self
+            .requests
             .iter()
             .filter(|((_, _, code), _)| code == "409" || code == "422")
-            .fold(0.0, |a, (_, v)| a + v)
+            .map(|(_, v)| v))
+    }
+
+    /// etcd writes (create, update, delete, including the apiserver's own retries).
+    pub fn etcd_writes(&self) -> f64 {
+        sum(self
+            .etcd
+            .iter()
+            .filter(|((op, _), _)| matches!(op.as_str(), "create" | "update" | "delete"))
+            .map(|(_, v)| v))
     }
 
     /// `VERB resource code` → count, for a breakdown.
     pub fn lines(&self) -> Vec<(String, f64)> {
-        self.0
+        self.requests
             .iter()
             .map(|((verb, resource, code), v)| (format!("{verb} {resource} {code}"), *v))
+            .collect()
+    }
+
+    /// `operation resource` → count of etcd operations.
+    pub fn etcd_lines(&self) -> Vec<(String, f64)> {
+        self.etcd
+            .iter()
+            .map(|((op, resource), v)| (format!("{op} {resource}"), *v))
+            .collect()
+    }
+
+    /// `VERB resource` → mean time inside the apiserver.
+    pub fn mean_durations(&self) -> Vec<(String, Duration)> {
+        self.seconds
+            .iter()
+            .filter_map(|((verb, resource), secs)| {
+                let n = sum(self
+                    .requests
+                    .iter()
+                    .filter(|((v, r, _), _)| v == verb && r == resource)
+                    .map(|(_, n)| n));
+                (n > 0.0).then(|| {
+                    (
+                        format!("{verb} {resource}"),
+                        Duration::from_secs_f64(secs / n),
+                    )
+                })
+            })
             .collect()
     }
 }
@@ -429,12 +560,16 @@ impl Metrics {
         Ok(Metrics { runtime, client })
     }
 
-    pub fn requests(&self) -> Result<RequestCounts> {
+    /// The Prometheus text of `/metrics`.
+    pub fn text(&self) -> Result<String> {
         let request = http::Request::get("/metrics").body(Vec::new())?;
-        let text = self
-            .runtime
+        self.runtime
             .block_on(self.client.request_text(request))
-            .context("GET /metrics")?;
+            .context("GET /metrics")
+    }
+
+    pub fn requests(&self) -> Result<RequestCounts> {
+        let text = self.text()?;
         let counts = RequestCounts::parse(&text);
         if !text.contains("apiserver_request_total") {
             bail!("/metrics has no apiserver_request_total");
@@ -514,11 +649,19 @@ mod tests {
         );
         let after = RequestCounts::parse(
             "apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",group=\"whereabouts.cni.cncf.io\",resource=\"ippools\",scope=\"resource\",subresource=\"\",verb=\"GET\",version=\"v1alpha1\"} 5\n\
-             apiserver_request_total{code=\"422\",component=\"apiserver\",dry_run=\"\",group=\"whereabouts.cni.cncf.io\",resource=\"ippools\",scope=\"resource\",subresource=\"\",verb=\"PATCH\",version=\"v1alpha1\"} 1\n",
+             apiserver_request_total{code=\"422\",component=\"apiserver\",dry_run=\"\",group=\"whereabouts.cni.cncf.io\",resource=\"ippools\",scope=\"resource\",subresource=\"\",verb=\"PATCH\",version=\"v1alpha1\"} 1\n\
+             apiserver_request_duration_seconds_sum{component=\"apiserver\",dry_run=\"\",group=\"whereabouts.cni.cncf.io\",resource=\"ippools\",scope=\"resource\",subresource=\"\",verb=\"PATCH\",version=\"v1alpha1\"} 0.5\n\
+             etcd_request_duration_seconds_count{group=\"whereabouts.cni.cncf.io\",operation=\"update\",resource=\"ippools\"} 4\n\
+             etcd_request_duration_seconds_count{group=\"whereabouts.cni.cncf.io\",operation=\"get\",resource=\"ippools\"} 2\n",
         );
         let d = after.since(&before);
         assert_eq!(d.total(), 3.0);
         assert_eq!(d.conflicts(), 1.0);
+        assert_eq!(d.etcd_writes(), 4.0);
+        assert_eq!(
+            d.mean_durations(),
+            [("PATCH ippools".to_string(), Duration::from_millis(500))]
+        );
         assert_eq!(
             d.lines(),
             [
@@ -529,12 +672,46 @@ mod tests {
     }
 
     #[test]
+    fn failures_group_by_blurred_message() {
+        use std::os::unix::process::ExitStatusExt;
+        let outcome = |stdout: &str| Outcome {
+            call: Call::pod("ADD", "c", "p"),
+            status: std::process::ExitStatus::from_raw(256),
+            stdout: stdout.to_string(),
+            stderr: String::new(),
+            elapsed: Duration::ZERO,
+            timed_out: false,
+        };
+        let a = outcome(
+            r#"{"code": 11, "msg": "Kubernetes API server https://127.0.0.1:3456 unavailable while reading IPPool kube-system/192.0.2.0-24: no answer within 10000 ms"}"#,
+        );
+        let b = outcome(
+            r#"{"code": 11, "msg": "Kubernetes API server https://127.0.0.1:3456 unavailable while reading IPPool kube-system/2001-db8---64: no answer within 9000 ms"}"#,
+        );
+        assert_eq!(
+            blurred_message(&a),
+            "[code 11] Kubernetes API server # unavailable while reading IPPool # no answer within # ms"
+        );
+        assert_eq!(
+            failure_summary(&[a, b, outcome("")]),
+            [
+                (
+                    2,
+                    "[code 11] Kubernetes API server # unavailable while reading IPPool # no answer within # ms"
+                        .to_string()
+                ),
+                (1, "no CNI error on stdout (exit Some(1))".to_string())
+            ]
+        );
+    }
+
+    #[test]
     fn reservation_names_and_ranges() {
-        let v6: IpAddr = "fd80::5".parse().unwrap();
-        assert_eq!(reservation_name(v6), "fd80--5");
-        assert_eq!(reservation_name("10.80.0.7".parse().unwrap()), "10.80.0.7");
-        assert!(contains("fd80::/64", v6) && !contains("fd81::/64", v6));
-        assert!(contains("10.80.0.0/24", "10.80.0.255".parse().unwrap()));
-        assert!(!contains("10.80.0.0/24", "10.80.1.0".parse().unwrap()));
+        let v6: IpAddr = "2001:db8:80::5".parse().unwrap();
+        assert_eq!(reservation_name(v6), "2001-db8-80--5");
+        assert_eq!(reservation_name("192.0.2.7".parse().unwrap()), "192.0.2.7");
+        assert!(contains("2001:db8:80::/64", v6) && !contains("2001:db8:81::/64", v6));
+        assert!(contains("192.0.2.0/25", "192.0.2.127".parse().unwrap()));
+        assert!(!contains("192.0.2.0/25", "192.0.2.128".parse().unwrap()));
     }
 }

@@ -341,6 +341,16 @@ impl Cluster {
             .await
     }
 
+    /// Applies `deploy/flowcontrol.yaml`: the plugin's IPPool writes queue in a
+    /// priority level of their own (API Priority and Fairness) instead of
+    /// thrashing inside the apiserver. Takes effect once the apiserver's
+    /// flow-control controller has seen the objects: a moment after.
+    pub async fn install_flowcontrol(&self) -> Result<()> {
+        self.apply_path(&deploy_dir().join("flowcontrol.yaml")).await?;
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        Ok(())
+    }
+
     /// Waits until a SubjectAccessReview says the plugin identity may `verb` the
     /// `resource` of `group` in `namespace` (RBAC objects take effect a moment
     /// after they are written).

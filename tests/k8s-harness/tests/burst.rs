@@ -8,24 +8,24 @@
 //! * ADDs and DELs while a whereabouts-style writer keeps changing the same pool.
 //!
 //! Each call gets a generous deadline where the test checks correctness, not
-//! speed (the `bench_k8s_burst` binary measures speed). The test that kills the
-//! apiserver has a private control plane and runs alone (its deadline
-//! assertions must not compete for the two cores with a 200-process burst); the
-//! others share one.
+//! speed (the `bench_k8s_burst` binary measures speed). Each test has a private
+//! control plane and runs alone, whatever `--test-threads`: a burst of processes
+//! takes the machine's cores, and the tests' outcomes (deadlines, a whole burst
+//! finishing within its budget) must not depend on each other.
 //!
 //! Binary: `$THEREABOUTS_BIN`, else `target/release/thereabouts` (tests/k8s.sh builds it).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, address, contains, expect_all_ok, log_path, percentile, pod_name,
-    pool_entries, reservation_name, reservations_in, run_concurrently, run_one,
+    Invocation, LogStats, address, contains, expect_all_ok, failure_summary, log_path, percentile,
+    pod_name, pool_entries, reservation_name, reservations_in, run_concurrently, run_one,
 };
 use thereabouts_k8s_harness::plugin::{
     GROUP_VERSION, IPPOOLS, Objects, RESERVATIONS, kubernetes_conf, with_debug_log,
@@ -45,9 +45,8 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
-/// Tests that share the control plane take it for reading; the one that kills
-/// its own apiserver takes it for writing, so it runs alone.
-static EXCLUSIVE: RwLock<()> = RwLock::new(());
+/// Held by each test for its whole run: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn prepared_cluster() -> Cluster {
     let cluster = Cluster::start().expect("starting etcd + kube-apiserver");
@@ -60,19 +59,11 @@ fn prepared_cluster() -> Cluster {
             .install_rbac()
             .await
             .expect("installing deploy/rbac.yaml");
+        cluster
+            .install_flowcontrol()
+            .await
+            .expect("installing deploy/flowcontrol.yaml");
     });
-    cluster
-}
-
-/// The control plane the tests share while they overlap (see tests/datastore.rs).
-fn shared() -> Arc<Cluster> {
-    static SHARED: Mutex<Weak<Cluster>> = Mutex::new(Weak::new());
-    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(cluster) = slot.upgrade() {
-        return cluster;
-    }
-    let cluster = Arc::new(prepared_cluster());
-    *slot = Arc::downgrade(&cluster);
     cluster
 }
 
@@ -118,7 +109,7 @@ impl Network {
         total
     }
 
-    /// IPPool names, in range order (the engine's naming: `10.80.0.0/24` → `10.80.0.0-24`).
+    /// IPPool names, in range order (the engine's naming: `192.0.2.0/24` → `192.0.2.0-24`).
     fn pools(&self) -> Vec<(String, &'static str)> {
         self.ranges
             .iter()
@@ -222,11 +213,15 @@ fn check_results(
 #[test]
 fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     const PODS: usize = 200;
-    let _shared = EXCLUSIVE.read().unwrap_or_else(|e| e.into_inner());
-    let cluster = shared();
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = prepared_cluster();
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(&cluster, "k8s-burst200", &["192.0.2.0/24", "2001:db8:80::/64"]);
+    let net = Network::new(
+        &cluster,
+        "k8s-burst200",
+        &["192.0.2.0/24", "2001:db8:80::/64"],
+    );
     let pods = pods("burst", PODS);
 
     let started = Instant::now();
@@ -300,11 +295,15 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
     // take a second or two before the first answers).
     const KILL_AFTER: usize = 10;
     const KILL_AT: Duration = Duration::from_secs(4);
-    let _alone = EXCLUSIVE.write().unwrap_or_else(|e| e.into_inner());
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = prepared_cluster();
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(&cluster, "k8s-fault", &["198.51.100.0/24", "2001:db8:81::/64"]);
+    let net = Network::new(
+        &cluster,
+        "k8s-fault",
+        &["198.51.100.0/24", "2001:db8:81::/64"],
+    );
     // The pools exist before the burst, as in a running cluster.
     let warm = run_one(
         &bin,
@@ -315,13 +314,15 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
 
     let pods = pods("fault", PODS);
     let succeeded = AtomicUsize::new(0);
-    let stopped = AtomicBool::new(false);
-    // ADDs that failed after the apiserver was gone: they were in flight.
+    // Set just before the SIGKILL (which is immediate; the harness then waits
+    // for the process to be gone).
+    let killing = AtomicBool::new(false);
+    // ADDs that failed after the kill: they were in flight.
     let failed_in_outage = AtomicUsize::new(0);
     let count = |o: &Outcome| {
         if o.ok() {
             succeeded.fetch_add(1, Ordering::SeqCst);
-        } else if stopped.load(Ordering::SeqCst) {
+        } else if killing.load(Ordering::SeqCst) {
             failed_in_outage.fetch_add(1, Ordering::SeqCst);
         }
     };
@@ -332,8 +333,8 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
                 std::thread::sleep(Duration::from_millis(1));
             }
             let at = (started.elapsed(), succeeded.load(Ordering::SeqCst));
+            killing.store(true, Ordering::SeqCst);
             cluster.stop_apiserver();
-            stopped.store(true, Ordering::SeqCst);
             at
         });
         let adds = run_concurrently(
@@ -344,7 +345,7 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
         );
         (adds, killer.join().unwrap())
     });
-    assert!(stopped.load(Ordering::SeqCst));
+    assert!(killing.load(Ordering::SeqCst));
     let wall = started.elapsed();
     let (ok, failed): (Vec<&Outcome>, Vec<&Outcome>) = adds.iter().partition(|o| o.ok());
     let slowest = adds.iter().map(|o| o.elapsed).max().unwrap();
@@ -362,26 +363,14 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
         failed.len(),
         failed_in_outage.load(Ordering::SeqCst),
     );
-    // The failures' messages, numbers and names blurred, with their counts.
-    let mut causes: BTreeMap<String, usize> = BTreeMap::new();
     for o in &failed {
         let e = o.expect_cni_error("ADD during the outage");
         assert_eq!(e["code"], 11, "only 'try again later': {}", o.describe());
-        let msg = e["msg"].as_str().unwrap_or_default();
-        let blurred: String = msg
-            .split(' ')
-            .map(|w| {
-                if w.chars().any(|c| c.is_ascii_digit()) {
-                    "#"
-                } else {
-                    w
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(" ");
-        *causes.entry(blurred).or_insert(0) += 1;
     }
-    eprintln!("failed ADDs by message: {causes:#?}");
+    eprintln!("failed ADDs by message:");
+    for (n, m) in failure_summary(&adds) {
+        eprintln!("  {n} × {m}");
+    }
     for o in &adds {
         assert!(
             o.elapsed <= DEADLINE + SLACK,
@@ -775,11 +764,15 @@ impl Drop for StopOnDrop<'_> {
 #[test]
 fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
     const PODS: usize = 40;
-    let _shared = EXCLUSIVE.read().unwrap_or_else(|e| e.into_inner());
-    let cluster = shared();
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = prepared_cluster();
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(&cluster, "k8s-mixed", &["203.0.113.0/24", "2001:db8:82::/64"]);
+    let net = Network::new(
+        &cluster,
+        "k8s-mixed",
+        &["203.0.113.0/24", "2001:db8:82::/64"],
+    );
     let (v4_pool, v4_range) = net.pools()[0].clone();
     let pods = pods("mixed", PODS);
 

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
+use thereabouts_k8s_harness::burst::contains;
 use thereabouts_k8s_harness::plugin::{
     IPPOOLS, Objects, RESERVATIONS, api_requests, kubeconfig_variant, kubernetes_conf,
     with_debug_log,
@@ -156,6 +157,13 @@ fn shape(requests: &[String]) -> Vec<String> {
             } else {
                 path
             };
+            // A read by label is a LIST (a pool read by name is one too, but
+            // it stands for one object: shown as GET).
+            let method = if method == "GET" && path.contains("labelSelector=") {
+                "LIST"
+            } else {
+                method
+            };
             format!("{method} {kind} -> {answer}")
         })
         .collect()
@@ -172,17 +180,22 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
             "k8s-dual",
             &cluster.plugin_kubeconfig(),
             None,
-            &["10.61.0.0/24", "fd61::/64"],
+            &["192.0.2.64/28", "2001:db8:61::/64"],
         ),
         &log,
     );
     let cs = conf.to_string();
-    let (v4, v6) = ("10.61.0.0-24", "fd61---64");
+    let (v4, v6) = ("192.0.2.64-28", "2001-db8-61---64");
 
     // First ADD: the pools do not exist yet and are created with the entry.
     let a = add(&cs, "cid-a", "pod-a");
     a.expect_ok("ADD pod-a");
-    assert_eq!(a.ips(), ["10.61.0.1/24", "fd61::1/64"], "{}", a.describe());
+    assert_eq!(
+        a.ips(),
+        ["192.0.2.65/28", "2001:db8:61::1/64"],
+        "{}",
+        a.describe()
+    );
     let first = api_requests(&log);
     eprintln!(
         "API requests, ADD into absent pools:\n  {}",
@@ -200,7 +213,7 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
             "POST ippools -> ok"
         ]
     );
-    for (name, range) in [(v4, "10.61.0.0/24"), (v6, "fd61::/64")] {
+    for (name, range) in [(v4, "192.0.2.64/28"), (v6, "2001:db8:61::/64")] {
         let pool = objects.get(IPPOOLS, name).unwrap().expect("pool created");
         assert_eq!(pool["apiVersion"], "whereabouts.cni.cncf.io/v1alpha1");
         assert_eq!(pool["kind"], "IPPool");
@@ -212,11 +225,11 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     }
     let reservations = objects.reservations().unwrap();
     assert_eq!(
-        reservations.get("10.61.0.1"),
+        reservations.get("192.0.2.65"),
         Some(&reservation("cid-a", "pod-a", "eth0"))
     );
     assert_eq!(
-        reservations.get("fd61--1"),
+        reservations.get("2001-db8-61--1"),
         Some(&reservation("cid-a", "pod-a", "eth0"))
     );
 
@@ -224,7 +237,7 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     truncate(&log);
     let b = add(&cs, "cid-b", "pod-b");
     b.expect_ok("ADD pod-b");
-    assert_eq!(b.ips(), ["10.61.0.2/24", "fd61::2/64"]);
+    assert_eq!(b.ips(), ["192.0.2.66/28", "2001:db8:61::2/64"]);
     let second = api_requests(&log);
     eprintln!(
         "API requests, uncontended dual-stack ADD:\n  {}",
@@ -274,14 +287,14 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
 
     // CHECK and STATUS.
     let mut check = conf.clone();
-    check["prevResult"] = json!({"cniVersion": "1.1.0", "ips": [{"address": "10.61.0.2/24"}, {"address": "fd61::2/64"}]});
+    check["prevResult"] = json!({"cniVersion": "1.1.0", "ips": [{"address": "192.0.2.66/28"}, {"address": "2001:db8:61::2/64"}]});
     run(
         &Call::pod("CHECK", "cid-b", "pod-b"),
         &check.to_string(),
         &[],
     )
     .expect_ok("CHECK pod-b");
-    check["prevResult"]["ips"][0]["address"] = json!("10.61.0.9/24");
+    check["prevResult"]["ips"][0]["address"] = json!("192.0.2.73/28");
     run(
         &Call::pod("CHECK", "cid-b", "pod-b"),
         &check.to_string(),
@@ -324,7 +337,11 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     del(&cs, "cid-unknown", "pod-x").expect_ok("DEL of an unknown container");
     assert_eq!(
         shape(&api_requests(&log)),
-        ["GET ippools -> ok", "GET ippools -> ok"]
+        [
+            "LIST reservations -> ok",
+            "GET ippools -> ok",
+            "GET ippools -> ok"
+        ]
     );
 
     // DEL pod-a: its entries and reservations go, pod-b's stay.
@@ -334,6 +351,10 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     assert_eq!(
         shape(&api_requests(&log)),
         [
+            // Reservations labelled with this attachment: none (pod-a's were
+            // made under its first container ID, cid-a), so each is read
+            // before it is deleted, as a whereabouts-made one would be.
+            "LIST reservations -> ok",
             "GET ippools -> ok",
             "GET ippools -> ok",
             "PATCH ippools -> ok",
@@ -354,10 +375,10 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     }
     let reservations = objects.reservations().unwrap();
     assert!(
-        !reservations.contains_key("10.61.0.1") && !reservations.contains_key("fd61--1"),
+        !reservations.contains_key("192.0.2.65") && !reservations.contains_key("2001-db8-61--1"),
         "{reservations:?}"
     );
-    assert!(reservations.contains_key("10.61.0.2") && reservations.contains_key("fd61--2"));
+    assert!(reservations.contains_key("192.0.2.66") && reservations.contains_key("2001-db8-61--2"));
     del(&cs, "cid-a2", "pod-a").expect_ok("repeated DEL pod-a");
 
     // GC cannot tell this node's garbage from other nodes' entries in a shared
@@ -371,11 +392,63 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     assert!(
         objects.allocations(v4).unwrap().is_empty() && objects.allocations(v6).unwrap().is_empty()
     );
+
+    // An ADD that reserved its addresses and then failed without cleaning up
+    // (the apiserver went away, the process was killed) leaves reservations no
+    // pool entry leads to. The DEL of the same attachment finds them by their
+    // label and frees them; a reservation that only carries the same label
+    // value (the label is a hash) but names another container stays.
+    add(&cs, "cid-ghost", "pod-ghost").expect_ok("ADD pod-ghost");
+    for pool in [v4, v6] {
+        let keys: Vec<String> = objects.allocations(pool).unwrap().into_keys().collect();
+        let ops: Vec<Value> = keys
+            .iter()
+            .map(|k| json!({"op": "remove", "path": format!("/spec/allocations/{k}")}))
+            .collect();
+        objects.json_patch(IPPOOLS, pool, &json!(ops)).unwrap().expect("emptying the pool");
+    }
+    let ghost = objects.get(RESERVATIONS, "192.0.2.65").unwrap().expect("pod-ghost's reservation");
+    assert_eq!(ghost["spec"]["containerid"], "cid-ghost");
+    let label = ghost["metadata"]["labels"]["thereabouts.cni.dev/attachment"].clone();
+    assert!(label.is_string(), "{ghost}");
+    objects
+        .create(
+            RESERVATIONS,
+            &json!({
+                "apiVersion": format!("{GROUP}/v1alpha1"),
+                "kind": "OverlappingRangeIPReservation",
+                "metadata": {"name": "192.0.2.78", "labels": {"thereabouts.cni.dev/attachment": label}},
+                "spec": reservation("cid-someone-else", "pod-else", "eth0"),
+            }),
+        )
+        .unwrap();
+    truncate(&log);
+    del(&cs, "cid-ghost", "pod-ghost").expect_ok("DEL pod-ghost");
+    assert_eq!(
+        shape(&api_requests(&log)),
+        [
+            "LIST reservations -> ok",
+            "GET ippools -> ok",
+            "GET ippools -> ok",
+            "DELETE reservations -> ok",
+            "DELETE reservations -> ok"
+        ]
+    );
+    let reservations = objects.reservations().unwrap();
+    assert!(
+        !reservations.contains_key("192.0.2.65") && !reservations.contains_key("2001-db8-61--1"),
+        "{reservations:?}"
+    );
+    assert_eq!(reservations["192.0.2.78"]["containerid"], "cid-someone-else");
+    objects.delete(RESERVATIONS, "192.0.2.78").unwrap();
+
     let left: Vec<String> = objects
         .reservations()
         .unwrap()
         .into_keys()
-        .filter(|n| n.starts_with("10.61.") || n.starts_with("fd61-"))
+        .filter(|n| {
+            n.parse().is_ok_and(|ip| contains("192.0.2.64/28", ip)) || n.starts_with("2001-db8-61-")
+        })
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
@@ -388,14 +461,14 @@ const GOLDEN_POOL: &str = r#"
 apiVersion: whereabouts.cni.cncf.io/v1alpha1
 kind: IPPool
 metadata:
-  name: 10.77.0.0-24
+  name: 192.0.2.80-28
   namespace: kube-system
   labels:
     app.kubernetes.io/managed-by: golden-test
   annotations:
     example.com/note: "written the way whereabouts writes pools"
 spec:
-  range: 10.77.0.0/24
+  range: 192.0.2.80/28
   allocations:
     "1":
       id: 1f7d3c0a9b8e4f2a6c5d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b
@@ -411,9 +484,9 @@ spec:
 "#;
 
 const GOLDEN_RESERVATIONS: [(&str, &str, &str); 3] = [
-    ("10.77.0.1", "default/golden-a", "net1"),
-    ("10.77.0.2", "default/golden-b", ""),
-    ("10.77.0.4", "other/golden-c", "eth0"),
+    ("192.0.2.81", "default/golden-a", "net1"),
+    ("192.0.2.82", "default/golden-b", ""),
+    ("192.0.2.84", "other/golden-c", "eth0"),
 ];
 
 #[test]
@@ -433,7 +506,7 @@ fn golden_whereabouts_pool_keeps_its_bytes_and_gets_whereabouts_entries() {
             .unwrap();
     }
     let before: Value =
-        serde_json::from_str(&objects.raw(IPPOOLS, "10.77.0.0-24").unwrap().unwrap()).unwrap();
+        serde_json::from_str(&objects.raw(IPPOOLS, "192.0.2.80-28").unwrap().unwrap()).unwrap();
     let entry_text =
         |pool: &Value, key: &str| serde_json::to_string(&pool["spec"]["allocations"][key]).unwrap();
 
@@ -441,19 +514,19 @@ fn golden_whereabouts_pool_keeps_its_bytes_and_gets_whereabouts_entries() {
         "k8s-golden",
         &cluster.plugin_kubeconfig(),
         None,
-        &["10.77.0.0/24"],
+        &["192.0.2.80/28"],
     )
     .to_string();
     // Lowest free around the existing entries: .3, then .5.
     let first = add(&conf, "cid-g1", "golden-new-1");
     first.expect_ok("ADD into the golden pool");
-    assert_eq!(first.ips(), ["10.77.0.3/24"]);
+    assert_eq!(first.ips(), ["192.0.2.83/28"]);
     let second = add(&conf, "cid-g2", "golden-new-2");
     second.expect_ok("second ADD into the golden pool");
-    assert_eq!(second.ips(), ["10.77.0.5/24"]);
+    assert_eq!(second.ips(), ["192.0.2.85/28"]);
 
     let after: Value =
-        serde_json::from_str(&objects.raw(IPPOOLS, "10.77.0.0-24").unwrap().unwrap()).unwrap();
+        serde_json::from_str(&objects.raw(IPPOOLS, "192.0.2.80-28").unwrap().unwrap()).unwrap();
     // Everything that was there is unchanged, byte for byte.
     for key in ["1", "2", "4"] {
         assert_eq!(
@@ -468,7 +541,7 @@ fn golden_whereabouts_pool_keeps_its_bytes_and_gets_whereabouts_entries() {
         before["metadata"]["annotations"]
     );
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
-    assert_eq!(after["spec"]["range"], "10.77.0.0/24");
+    assert_eq!(after["spec"]["range"], "192.0.2.80/28");
     // The new entries have exactly whereabouts' shape.
     assert_eq!(
         entry_text(&after, "3"),
@@ -481,11 +554,11 @@ fn golden_whereabouts_pool_keeps_its_bytes_and_gets_whereabouts_entries() {
     assert_eq!(after["spec"]["allocations"].as_object().unwrap().len(), 5);
     let reservations = objects.reservations().unwrap();
     assert_eq!(
-        reservations["10.77.0.3"],
+        reservations["192.0.2.83"],
         reservation("cid-g1", "golden-new-1", "eth0")
     );
     assert_eq!(
-        reservations["10.77.0.2"],
+        reservations["192.0.2.82"],
         json!({"podref": "default/golden-b"}),
         "whereabouts' own reservations are untouched"
     );
@@ -499,12 +572,12 @@ fn golden_whereabouts_pool_keeps_its_bytes_and_gets_whereabouts_entries() {
     );
     call.ifname = "net1".into();
     run(&call, &conf, &[]).expect_ok("DEL of a whereabouts entry");
-    let allocations = objects.allocations("10.77.0.0-24").unwrap();
+    let allocations = objects.allocations("192.0.2.80-28").unwrap();
     assert_eq!(allocations.keys().collect::<Vec<_>>(), ["2", "3", "4", "5"]);
     let reservations = objects.reservations().unwrap();
-    assert!(!reservations.contains_key("10.77.0.1") && reservations.contains_key("10.77.0.2"));
+    assert!(!reservations.contains_key("192.0.2.81") && reservations.contains_key("192.0.2.82"));
     let final_pool: Value =
-        serde_json::from_str(&objects.raw(IPPOOLS, "10.77.0.0-24").unwrap().unwrap()).unwrap();
+        serde_json::from_str(&objects.raw(IPPOOLS, "192.0.2.80-28").unwrap().unwrap()).unwrap();
     for key in ["2", "4"] {
         assert_eq!(
             entry_text(&final_pool, key),
@@ -527,8 +600,8 @@ fn overlapping_ranges_never_share_an_address() {
     let cluster = shared();
     let objects = Objects::admin(&cluster).unwrap();
     let kc = cluster.plugin_kubeconfig();
-    let wide = kubernetes_conf("k8s-ovl-wide", &kc, None, &["10.62.0.0/24"]).to_string();
-    let narrow = kubernetes_conf("k8s-ovl-narrow", &kc, None, &["10.62.0.0/28"]).to_string();
+    let wide = kubernetes_conf("k8s-ovl-wide", &kc, None, &["203.0.113.0/24"]).to_string();
+    let narrow = kubernetes_conf("k8s-ovl-narrow", &kc, None, &["203.0.113.0/28"]).to_string();
     let mut outcomes = Vec::new();
     for i in 0..6 {
         let w = add(&wide, &format!("cid-w{i}"), &format!("w{i}"));
@@ -549,7 +622,7 @@ fn overlapping_ranges_never_share_an_address() {
     );
     assert_eq!(
         all[..4],
-        ["10.62.0.1", "10.62.0.2", "10.62.0.3", "10.62.0.4"],
+        ["203.0.113.1", "203.0.113.2", "203.0.113.3", "203.0.113.4"],
         "lowest free, around each other's reservations"
     );
     // One reservation per address, held by the pod that got it.
@@ -589,7 +662,7 @@ fn overlapping_ranges_never_share_an_address() {
     let in_narrow = all
         .iter()
         .filter(|a| {
-            a.strip_prefix("10.62.0.")
+            a.strip_prefix("203.0.113.")
                 .and_then(|x| x.parse::<u8>().ok())
                 .is_some_and(|x| (1..=14).contains(&x))
         })
@@ -618,32 +691,32 @@ fn overlapping_ranges_never_share_an_address() {
         del(conf, &o.call.container_id, pod).expect_ok("DEL");
     }
     assert!(
-        objects.allocations("10.62.0.0-24").unwrap().is_empty()
-            && objects.allocations("10.62.0.0-28").unwrap().is_empty()
+        objects.allocations("203.0.113.0-24").unwrap().is_empty()
+            && objects.allocations("203.0.113.0-28").unwrap().is_empty()
     );
     assert!(
         objects
             .reservations()
             .unwrap()
             .keys()
-            .all(|n| !n.starts_with("10.62."))
+            .all(|n| !n.starts_with("203.0.113."))
     );
 
     // Without enable_overlapping_ranges nothing is reserved: both ranges hand out .1.
-    let mut off_wide = kubernetes_conf("k8s-ovl-off", &kc, None, &["10.63.0.0/24"]);
+    let mut off_wide = kubernetes_conf("k8s-ovl-off", &kc, None, &["198.51.100.0/24"]);
     off_wide["ipam"]["enable_overlapping_ranges"] = json!(false);
-    let mut off_narrow = kubernetes_conf("k8s-ovl-off", &kc, None, &["10.63.0.0/28"]);
+    let mut off_narrow = kubernetes_conf("k8s-ovl-off", &kc, None, &["198.51.100.0/28"]);
     off_narrow["ipam"]["enable_overlapping_ranges"] = json!(false);
     let tmp = TempDir::new("k8s-ovl");
     let log = tmp.path().join("plugin.log");
     let off_wide = with_debug_log(off_wide, &log).to_string();
-    assert_eq!(add(&off_wide, "cid-ow", "ow").ips(), ["10.63.0.1/24"]);
+    assert_eq!(add(&off_wide, "cid-ow", "ow").ips(), ["198.51.100.1/24"]);
     assert_eq!(
         shape(&api_requests(&log)),
         ["GET ippools -> ok", "POST ippools -> ok"]
     );
     truncate(&log);
-    assert_eq!(add(&off_wide, "cid-ow2", "ow2").ips(), ["10.63.0.2/24"]);
+    assert_eq!(add(&off_wide, "cid-ow2", "ow2").ips(), ["198.51.100.2/24"]);
     assert_eq!(
         shape(&api_requests(&log)),
         ["GET ippools -> ok", "PATCH ippools -> ok"],
@@ -651,32 +724,32 @@ fn overlapping_ranges_never_share_an_address() {
     );
     assert_eq!(
         add(&off_narrow.to_string(), "cid-on", "on").ips(),
-        ["10.63.0.1/28"]
+        ["198.51.100.1/28"]
     );
     assert!(
         objects
             .reservations()
             .unwrap()
             .keys()
-            .all(|n| !n.starts_with("10.63."))
+            .all(|n| !n.starts_with("198.51.100."))
     );
 
     // network_name scopes pools and reservations: the same range twice.
-    let blue = kubernetes_conf("k8s-blue", &kc, Some("blue"), &["10.64.0.0/24"]).to_string();
-    let red = kubernetes_conf("k8s-red", &kc, Some("red"), &["10.64.0.0/24"]).to_string();
-    assert_eq!(add(&blue, "cid-blue", "blue").ips(), ["10.64.0.1/24"]);
-    assert_eq!(add(&red, "cid-red", "red").ips(), ["10.64.0.1/24"]);
+    let blue = kubernetes_conf("k8s-blue", &kc, Some("blue"), &["192.0.2.96/28"]).to_string();
+    let red = kubernetes_conf("k8s-red", &kc, Some("red"), &["192.0.2.96/28"]).to_string();
+    assert_eq!(add(&blue, "cid-blue", "blue").ips(), ["192.0.2.97/28"]);
+    assert_eq!(add(&red, "cid-red", "red").ips(), ["192.0.2.97/28"]);
     assert_eq!(
-        objects.allocations("blue-10.64.0.0-24").unwrap()["1"],
+        objects.allocations("blue-192.0.2.96-28").unwrap()["1"],
         entry("cid-blue", "blue", "eth0")
     );
     assert_eq!(
-        objects.allocations("red-10.64.0.0-24").unwrap()["1"],
+        objects.allocations("red-192.0.2.96-28").unwrap()["1"],
         entry("cid-red", "red", "eth0")
     );
     let reservations = objects.reservations().unwrap();
-    assert_eq!(reservations["blue-10.64.0.1"]["podref"], "default/blue");
-    assert_eq!(reservations["red-10.64.0.1"]["podref"], "default/red");
+    assert_eq!(reservations["blue-192.0.2.97"]["podref"], "default/blue");
+    assert_eq!(reservations["red-192.0.2.97"]["podref"], "default/red");
 }
 
 #[test]
@@ -686,8 +759,8 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
     let objects = Objects::admin_in(&cluster, ns).unwrap();
     objects.ensure_namespace(ns).unwrap();
     for (name, range) in [
-        ("10.67.0.0-24", "10.67.0.0/24"),
-        ("10.68.0.0-24", "10.68.0.0/24"),
+        ("192.0.2.112-28", "192.0.2.112/28"),
+        ("192.0.2.128-28", "192.0.2.128/28"),
     ] {
         objects
             .create(IPPOOLS, &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool", "metadata": {"name": name}, "spec": {"range": range, "allocations": {}}}))
@@ -699,7 +772,7 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
         .apply(&format!(
             "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: thab-rollback, namespace: {ns}}}\nrules:\n\
              - {{apiGroups: [{GROUP}], resources: [ippools], verbs: [get, list, create]}}\n\
-             - {{apiGroups: [{GROUP}], resources: [ippools], verbs: [patch], resourceNames: [10.67.0.0-24]}}\n\
+             - {{apiGroups: [{GROUP}], resources: [ippools], verbs: [patch], resourceNames: [192.0.2.112-28]}}\n\
              - {{apiGroups: [{GROUP}], resources: [overlappingrangeipreservations], verbs: [get, create, delete]}}\n\
              ---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: thab-rollback, namespace: {ns}}}\n\
              roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: thab-rollback}}\n\
@@ -720,7 +793,7 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
             "k8s-rollback",
             &kubeconfig,
             None,
-            &["10.67.0.0/24", "10.68.0.0/24"],
+            &["192.0.2.112/28", "192.0.2.128/28"],
         ),
         &log,
     )
@@ -731,7 +804,7 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
     let msg = e["msg"].as_str().unwrap();
     assert_eq!(e["code"], 999, "{e}");
     assert!(
-        msg.contains("denied patching IPPool thab-rollback/10.68.0.0-24")
+        msg.contains("denied patching IPPool thab-rollback/192.0.2.128-28")
             && msg.contains("cannot patch resource \"ippools\""),
         "{msg}"
     );
@@ -755,17 +828,17 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
         ]
     );
     // Nothing of the failed ADD remains.
-    assert!(objects.allocations("10.67.0.0-24").unwrap().is_empty());
-    assert!(objects.allocations("10.68.0.0-24").unwrap().is_empty());
+    assert!(objects.allocations("192.0.2.112-28").unwrap().is_empty());
+    assert!(objects.allocations("192.0.2.128-28").unwrap().is_empty());
     assert!(objects.reservations().unwrap().is_empty());
 
     // A range that is full fails the ADD before anything is written.
     let kc = cluster.plugin_kubeconfig();
-    let small = kubernetes_conf("k8s-small", &kc, None, &["10.70.0.0/30"]).to_string();
+    let small = kubernetes_conf("k8s-small", &kc, None, &["192.0.2.160/30"]).to_string();
     add(&small, "cid-s1", "s1").expect_ok("ADD s1");
     add(&small, "cid-s2", "s2").expect_ok("ADD s2");
     let both =
-        kubernetes_conf("k8s-both", &kc, None, &["10.69.0.0/24", "10.70.0.0/30"]).to_string();
+        kubernetes_conf("k8s-both", &kc, None, &["192.0.2.144/28", "192.0.2.160/30"]).to_string();
     let e = add(&both, "cid-s3", "s3").expect_cni_error("ADD with the second range full");
     assert!(
         e["msg"]
@@ -776,7 +849,7 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
     );
     let kube_system = Objects::admin(&cluster).unwrap();
     assert_eq!(
-        kube_system.get(IPPOOLS, "10.69.0.0-24").unwrap(),
+        kube_system.get(IPPOOLS, "192.0.2.144-28").unwrap(),
         None,
         "the first range's pool was not even created"
     );
@@ -784,7 +857,7 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
         !kube_system
             .reservations()
             .unwrap()
-            .contains_key("10.69.0.1")
+            .contains_key("192.0.2.145")
     );
 }
 
@@ -805,7 +878,7 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
             "k8s-burst",
             &cluster.plugin_kubeconfig(),
             None,
-            &["10.74.0.0/24", "fd74::/64"],
+            &["192.0.2.32/27", "2001:db8:74::/64"],
         ),
         &log,
     )
@@ -822,7 +895,7 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
                 objects
                     .annotate(
                         IPPOOLS,
-                        "10.74.0.0-24",
+                        "192.0.2.32-27",
                         "example.com/touched",
                         &writes.to_string(),
                     )
@@ -875,19 +948,28 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
         .filter(|r| r.starts_with("PATCH") && r.contains("/ippools/") && r.contains("-> 422"))
         .collect();
     assert!(refused.is_empty(), "pool patches refused: {refused:?}");
-    assert_eq!(objects.allocations("10.74.0.0-24").unwrap().len(), PODS + 1);
-    assert_eq!(objects.allocations("fd74---64").unwrap().len(), PODS + 1);
+    assert_eq!(
+        objects.allocations("192.0.2.32-27").unwrap().len(),
+        PODS + 1
+    );
+    assert_eq!(
+        objects.allocations("2001-db8-74---64").unwrap().len(),
+        PODS + 1
+    );
     assert_eq!(
         objects
             .reservations()
             .unwrap()
             .keys()
-            .filter(|n| n.starts_with("10.74.") || n.starts_with("fd74-"))
+            .filter(|n| {
+                n.parse().is_ok_and(|ip| contains("192.0.2.32/27", ip))
+                    || n.starts_with("2001-db8-74-")
+            })
             .count(),
         2 * (PODS + 1)
     );
     assert_eq!(
-        objects.get(IPPOOLS, "10.74.0.0-24").unwrap().unwrap()["metadata"]["annotations"]["example.com/touched"],
+        objects.get(IPPOOLS, "192.0.2.32-27").unwrap().unwrap()["metadata"]["annotations"]["example.com/touched"],
         (writes - 1).to_string(),
         "the other writer's field survives"
     );
@@ -902,14 +984,16 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
     });
     del(&conf, "cid-first", "first").expect_ok("DEL first");
     assert!(
-        objects.allocations("10.74.0.0-24").unwrap().is_empty()
-            && objects.allocations("fd74---64").unwrap().is_empty()
+        objects.allocations("192.0.2.32-27").unwrap().is_empty()
+            && objects.allocations("2001-db8-74---64").unwrap().is_empty()
     );
     let left: Vec<(String, Value)> = objects
         .reservations()
         .unwrap()
         .into_iter()
-        .filter(|(n, _)| n.starts_with("10.74.") || n.starts_with("fd74-"))
+        .filter(|(n, _)| {
+            n.parse().is_ok_and(|ip| contains("192.0.2.32/27", ip)) || n.starts_with("2001-db8-74-")
+        })
         .collect();
     assert!(left.is_empty(), "reservations left behind: {left:?}");
 }
@@ -925,10 +1009,10 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
 fn per_entry_guards_are_atomic_on_the_apiserver() {
     let cluster = shared();
     let objects = Objects::admin(&cluster).unwrap();
-    let pool = "10.78.0.0-24";
+    let pool = "192.0.2.176-28";
     objects
         .create(IPPOOLS, &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool", "metadata": {"name": pool},
-            "spec": {"range": "10.78.0.0/24", "allocations": {"1": entry("cid-1", "p1", "eth0")}}}))
+            "spec": {"range": "192.0.2.176/28", "allocations": {"1": entry("cid-1", "p1", "eth0")}}}))
         .unwrap();
     let read = resource_version(&objects, pool);
     let insert = |offset: u32, cid: &str| {
@@ -1047,11 +1131,11 @@ fn racing_writers_without_reservations_never_share_an_address() {
         "k8s-race",
         &cluster.plugin_kubeconfig(),
         None,
-        &["10.79.0.0/24", "fd79::/64"],
+        &["192.0.2.0/27", "2001:db8:79::/64"],
     );
     conf["ipam"]["enable_overlapping_ranges"] = json!(false);
     let conf = with_debug_log(conf, &log).to_string();
-    let (v4, v6) = ("10.79.0.0-24", "fd79---64");
+    let (v4, v6) = ("192.0.2.0-27", "2001-db8-79---64");
     add(&conf, "cid-first", "first").expect_ok("first ADD (creates the pools)");
 
     // whereabouts' allocation loop on the IPv4 pool: read, lowest free, patch
@@ -1180,7 +1264,7 @@ fn racing_writers_without_reservations_never_share_an_address() {
 fn bad_kubeconfigs_and_missing_rights_are_clear_errors_that_write_nothing() {
     let cluster = shared();
     let tmp = TempDir::new("k8s-badkc");
-    let ranges = ["10.71.0.0/24"];
+    let ranges = ["192.0.2.192/28"];
 
     let missing = tmp.path().join("missing.kubeconfig");
     let conf = kubernetes_conf("k8s-bad", &missing, None, &ranges).to_string();
@@ -1246,9 +1330,13 @@ fn bad_kubeconfigs_and_missing_rights_are_clear_errors_that_write_nothing() {
     // Nothing was written anywhere.
     for ns in [NAMESPACE, "default"] {
         let objects = Objects::admin_in(&cluster, ns).unwrap();
-        assert_eq!(objects.get(IPPOOLS, "10.71.0.0-24").unwrap(), None, "{ns}");
+        assert_eq!(
+            objects.get(IPPOOLS, "192.0.2.192-28").unwrap(),
+            None,
+            "{ns}"
+        );
         assert!(
-            !objects.reservations().unwrap().contains_key("10.71.0.1"),
+            !objects.reservations().unwrap().contains_key("192.0.2.193"),
             "{ns}"
         );
     }
@@ -1262,7 +1350,7 @@ fn apiserver_down_is_try_again_later_within_the_deadline() {
         "k8s-down",
         &cluster.plugin_kubeconfig(),
         None,
-        &["10.72.0.0/24", "fd72::/64"],
+        &["192.0.2.208/28", "2001:db8:72::/64"],
     )
     .to_string();
     add(&conf, "cid-1", "p1").expect_ok("ADD before the outage");
@@ -1295,7 +1383,7 @@ fn apiserver_down_is_try_again_later_within_the_deadline() {
     // Nothing of the failed calls remains; the next ADD continues where it was.
     assert_eq!(
         objects
-            .allocations("10.72.0.0-24")
+            .allocations("192.0.2.208-28")
             .unwrap()
             .keys()
             .collect::<Vec<_>>(),
@@ -1303,12 +1391,12 @@ fn apiserver_down_is_try_again_later_within_the_deadline() {
     );
     assert_eq!(
         add(&conf, "cid-2", "p2").ips(),
-        ["10.72.0.2/24", "fd72::2/64"]
+        ["192.0.2.210/28", "2001:db8:72::2/64"]
     );
     del(&conf, "cid-1", "p1").expect_ok("DEL after the outage");
     assert_eq!(
         objects
-            .allocations("fd72---64")
+            .allocations("2001-db8-72---64")
             .unwrap()
             .keys()
             .collect::<Vec<_>>(),
@@ -1338,7 +1426,7 @@ fn an_unresponsive_apiserver_is_bounded_by_the_deadline() {
         ),
     )
     .unwrap();
-    let conf = kubernetes_conf("k8s-silent", &kubeconfig, None, &["10.73.0.0/24"]).to_string();
+    let conf = kubernetes_conf("k8s-silent", &kubeconfig, None, &["192.0.2.224/28"]).to_string();
     let out = run(
         &Call::pod("ADD", "cid-1", "p1"),
         &conf,

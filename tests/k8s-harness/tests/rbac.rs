@@ -4,16 +4,16 @@
 //!   (ServiceAccount `kube-system/thereabouts`) starts with no rights (the harness
 //!   grants none); after `deploy/rbac.yaml` alone it can send every request the
 //!   Kubernetes datastore sends (IPPool get/list/create/JSON patch; ORIP
-//!   create/get/delete) in kube-system, and gets 403 for everything else: other
-//!   verbs on the same kinds (PUT, delete and watch pools; list, patch and PUT
+//!   create/get/list/delete) in kube-system, and gets 403 for everything else: other
+//!   verbs on the same kinds (PUT, delete and watch pools; patch, watch and PUT
 //!   reservations; deletecollection), the same kinds in other namespaces, secrets,
 //!   namespaces, pods, nodes, leases, CRDs, RBAC objects. The reconciler
 //!   identity may read pods cluster-wide and clean pools in kube-system, nothing
 //!   more (checked with SubjectAccessReviews, as the harness has no token for it).
 //!   The kubeconfig written by `deploy/install-cni.sh` from the plugin's token and
 //!   the cluster CA authenticates against the apiserver and lands in kube-system.
-//! * `manifests_pass_strict_server_side_validation`: every object of `rbac.yaml`
-//!   and `daemonset.yaml` is accepted by a server-side apply with strict field
+//! * `manifests_pass_strict_server_side_validation`: every object of `rbac.yaml`,
+//!   `flowcontrol.yaml` and `daemonset.yaml` is accepted by a server-side apply with strict field
 //!   validation (an unknown or misplaced field fails), the DaemonSet is stored, and
 //!   its mounts, environment and ServiceAccount agree with the installer script and
 //!   the RBAC manifest.
@@ -171,7 +171,7 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     // shows below comes from that file alone.
     forbidden(
         "get IPPool before rbac.yaml",
-        pools.get("10.0.0.0-24").await,
+        pools.get("192.0.2.0-24").await,
     );
     forbidden(
         "list IPPools before rbac.yaml",
@@ -180,7 +180,7 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     forbidden(
         "create ORIP before rbac.yaml",
         reservations
-            .create(&PostParams::default(), &orip("10.0.0.9", "default/p"))
+            .create(&PostParams::default(), &orip("192.0.2.9", "default/p"))
             .await,
     );
 
@@ -196,11 +196,11 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     let created = allowed(
         "create IPPool",
         pools
-            .create(&PostParams::default(), &pool("10.0.0.0-24", "10.0.0.0/24"))
+            .create(&PostParams::default(), &pool("192.0.2.0-24", "192.0.2.0/24"))
             .await,
     );
     let rv = created.metadata.resource_version.clone().unwrap();
-    let read = allowed("get IPPool", pools.get("10.0.0.0-24").await);
+    let read = allowed("get IPPool", pools.get("192.0.2.0-24").await);
     let list = allowed(
         "list IPPools (limit=1)",
         pools.list(&ListParams::default().limit(1)).await,
@@ -217,7 +217,7 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
         "JSON-patch IPPool",
         pools
             .patch(
-                "10.0.0.0-24",
+                "192.0.2.0-24",
                 &PatchParams::default(),
                 &Patch::Json::<()>(patch.clone()),
             )
@@ -228,7 +228,7 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     // 422 (the conflict the datastore retries on), not 403.
     match pools
         .patch(
-            "10.0.0.0-24",
+            "192.0.2.0-24",
             &PatchParams::default(),
             &Patch::Json::<()>(patch),
         )
@@ -241,12 +241,12 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     forbidden(
         "PUT IPPool",
         pools
-            .replace("10.0.0.0-24", &PostParams::default(), &read)
+            .replace("192.0.2.0-24", &PostParams::default(), &read)
             .await,
     );
     forbidden(
         "delete IPPool",
-        pools.delete("10.0.0.0-24", &DeleteParams::default()).await,
+        pools.delete("192.0.2.0-24", &DeleteParams::default()).await,
     );
     forbidden(
         "delete all IPPools",
@@ -263,21 +263,23 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     let reserved = allowed(
         "create ORIP",
         reservations
-            .create(&PostParams::default(), &orip("10.0.0.1", "default/pod-a"))
+            .create(&PostParams::default(), &orip("192.0.2.1", "default/pod-a"))
             .await,
     );
-    let got = allowed("get ORIP", reservations.get("10.0.0.1").await);
+    let got = allowed("get ORIP", reservations.get("192.0.2.1").await);
     assert_eq!(got.data["spec"]["podref"], "default/pod-a");
-    // Not needed by the plugin, so not granted.
-    forbidden(
-        "list ORIPs",
-        reservations.list(&ListParams::default()).await,
+    // DEL lists the reservations labelled with its attachment.
+    allowed(
+        "list ORIPs by label",
+        reservations
+            .list(&ListParams::default().labels("thereabouts.cni.dev/attachment=0123456789abcdef"))
+            .await,
     );
     forbidden(
         "merge-patch ORIP",
         reservations
             .patch(
-                "10.0.0.1",
+                "192.0.2.1",
                 &PatchParams::default(),
                 &Patch::Merge(json!({"spec": {"containerid": "f00d"}})),
             )
@@ -286,7 +288,7 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     forbidden(
         "PUT ORIP",
         reservations
-            .replace("10.0.0.1", &PostParams::default(), &got)
+            .replace("192.0.2.1", &PostParams::default(), &got)
             .await,
     );
     forbidden(
@@ -306,7 +308,7 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
         "delete ORIP (UID precondition)",
         reservations
             .delete(
-                "10.0.0.1",
+                "192.0.2.1",
                 &DeleteParams {
                     preconditions: Some(kube::api::Preconditions {
                         uid: reserved.metadata.uid.clone(),
@@ -330,43 +332,43 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
         .expect("admin creates namespace tenant-a");
     for ns in ["default", "tenant-a"] {
         Api::<DynamicObject>::namespaced_with(admin.clone(), ns, &ippools())
-            .create(&PostParams::default(), &pool("10.9.0.0-24", "10.9.0.0/24"))
+            .create(&PostParams::default(), &pool("198.51.100.0-24", "198.51.100.0/24"))
             .await
             .unwrap();
         Api::<DynamicObject>::namespaced_with(admin.clone(), ns, &orips())
-            .create(&PostParams::default(), &orip("10.9.0.1", "default/x"))
+            .create(&PostParams::default(), &orip("198.51.100.1", "default/x"))
             .await
             .unwrap();
         let p = Api::<DynamicObject>::namespaced_with(plugin.clone(), ns, &ippools());
         let o = Api::<DynamicObject>::namespaced_with(plugin.clone(), ns, &orips());
-        forbidden(&format!("get IPPool in {ns}"), p.get("10.9.0.0-24").await);
+        forbidden(&format!("get IPPool in {ns}"), p.get("198.51.100.0-24").await);
         forbidden(
             &format!("list IPPools in {ns}"),
             p.list(&ListParams::default()).await,
         );
         forbidden(
             &format!("create IPPool in {ns}"),
-            p.create(&PostParams::default(), &pool("10.8.0.0-24", "10.8.0.0/24"))
+            p.create(&PostParams::default(), &pool("203.0.113.0-24", "203.0.113.0/24"))
                 .await,
         );
         forbidden(
             &format!("patch IPPool in {ns}"),
             p.patch(
-                "10.9.0.0-24",
+                "198.51.100.0-24",
                 &PatchParams::default(),
                 &Patch::Merge(json!({"spec": {"allocations": {}}})),
             )
             .await,
         );
-        forbidden(&format!("get ORIP in {ns}"), o.get("10.9.0.1").await);
+        forbidden(&format!("get ORIP in {ns}"), o.get("198.51.100.1").await);
         forbidden(
             &format!("create ORIP in {ns}"),
-            o.create(&PostParams::default(), &orip("10.8.0.1", "default/y"))
+            o.create(&PostParams::default(), &orip("203.0.113.1", "default/y"))
                 .await,
         );
         forbidden(
             &format!("delete ORIP in {ns}"),
-            o.delete("10.9.0.1", &DeleteParams::default()).await,
+            o.delete("198.51.100.1", &DeleteParams::default()).await,
         );
     }
     forbidden(
@@ -647,6 +649,15 @@ async fn manifests_pass_strict_server_side_validation() {
     }
     let applied = strict_apply(&admin, &deploy_dir().join("daemonset.yaml")).await;
     assert_eq!(applied.len(), 1);
+    // The flow-control objects: the schema matches the plugin's ServiceAccount
+    // of rbac.yaml, and points at the priority level defined beside it.
+    let flow = strict_apply(&admin, &deploy_dir().join("flowcontrol.yaml")).await;
+    assert_eq!(flow.len(), 2);
+    let level = flow.iter().find(|o| o.types.as_ref().unwrap().kind == "PriorityLevelConfiguration").expect("a PriorityLevelConfiguration");
+    let schema = flow.iter().find(|o| o.types.as_ref().unwrap().kind == "FlowSchema").expect("a FlowSchema");
+    assert_eq!(schema.data["spec"]["priorityLevelConfiguration"]["name"], json!(level.metadata.name));
+    let subject = &schema.data["spec"]["rules"][0]["subjects"][0]["serviceAccount"];
+    assert_eq!((subject["namespace"].as_str(), subject["name"].as_str()), (Some(NAMESPACE), Some("thereabouts")));
 
     // Stored as written, in the namespace of the Role and ServiceAccount.
     let ds = Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)

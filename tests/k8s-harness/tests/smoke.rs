@@ -76,9 +76,9 @@ async fn crds_ippool_and_conflict_status_codes() {
     let mut pool: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "whereabouts.cni.cncf.io/v1alpha1",
         "kind": "IPPool",
-        "metadata": {"name": "192.168.1.0-24"},
+        "metadata": {"name": "192.0.2.0-24"},
         "spec": {
-            "range": "192.168.1.0/24",
+            "range": "192.0.2.0/24",
             "allocations": {"1": {"id": "c0ffee", "podref": "default/pod-a", "ifname": "net1"}}
         }
     }))
@@ -100,8 +100,8 @@ async fn crds_ippool_and_conflict_status_codes() {
     // The schema is enforced (podref is required): the CRD is really installed.
     let bad: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
-        "metadata": {"name": "10.0.0.0-8"},
-        "spec": {"range": "10.0.0.0/8", "allocations": {"1": {"id": "x"}}}
+        "metadata": {"name": "203.0.113.0-24"},
+        "spec": {"range": "203.0.113.0/24", "allocations": {"1": {"id": "x"}}}
     }))
     .unwrap();
     let s = api_status(
@@ -115,7 +115,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     // A successful PUT with the current resourceVersion moves it to rv2.
     pool.data["spec"]["allocations"]["2"] = json!({"id": "beef", "podref": "default/pod-b"});
     let updated = pools
-        .replace("192.168.1.0-24", &PostParams::default(), &pool)
+        .replace("192.0.2.0-24", &PostParams::default(), &pool)
         .await
         .expect("PUT with current rv");
     let rv2 = updated.metadata.resource_version.clone().unwrap();
@@ -127,7 +127,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     stale.data["spec"]["allocations"]["3"] = json!({"id": "dead", "podref": "default/pod-c"});
     let s = api_status(
         pools
-            .replace("192.168.1.0-24", &PostParams::default(), &stale)
+            .replace("192.0.2.0-24", &PostParams::default(), &stale)
             .await
             .unwrap_err(),
     );
@@ -148,7 +148,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     let s = api_status(
         pools
             .patch(
-                "192.168.1.0-24",
+                "192.0.2.0-24",
                 &PatchParams::default(),
                 &Patch::Json::<()>(patch(&rv1, "4")),
             )
@@ -159,7 +159,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     assert_eq!(s.reason, "Invalid");
 
     // Neither failed write changed anything.
-    let now = pools.get("192.168.1.0-24").await.unwrap();
+    let now = pools.get("192.0.2.0-24").await.unwrap();
     assert_eq!(now.metadata.resource_version.as_deref(), Some(rv2.as_str()));
     let allocs = now.data["spec"]["allocations"].as_object().unwrap();
     assert_eq!(allocs.keys().collect::<Vec<_>>(), ["1", "2"]);
@@ -167,7 +167,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     // The same patch with the current rv succeeds (positive control).
     let patched = pools
         .patch(
-            "192.168.1.0-24",
+            "192.0.2.0-24",
             &PatchParams::default(),
             &Patch::Json::<()>(patch(&rv2, "4")),
         )
@@ -179,7 +179,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     // RBAC manifests bind it (403).
     let plugin = cluster.plugin_client().await.unwrap();
     let plugin_pools: Api<DynamicObject> = Api::namespaced_with(plugin, NAMESPACE, &ippools());
-    let s = api_status(plugin_pools.get("192.168.1.0-24").await.unwrap_err());
+    let s = api_status(plugin_pools.get("192.0.2.0-24").await.unwrap_err());
     assert_eq!(s.code, 403, "plugin identity without RBAC: {s:?}");
     assert!(
         s.message
@@ -192,7 +192,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     cluster
         .apply_yaml(
             "apiVersion: whereabouts.cni.cncf.io/v1alpha1\nkind: OverlappingRangeIPReservation\n\
-             metadata: {name: 192.168.1.1}\nspec: {podref: default/pod-a, ifname: net1, containerid: c0ffee}\n",
+             metadata: {name: 192.0.2.1}\nspec: {podref: default/pod-a, ifname: net1, containerid: c0ffee}\n",
         )
         .await
         .expect("applying an ORIP");
@@ -223,8 +223,8 @@ async fn apiserver_restart_keeps_data() {
     cluster.install_crds().await.unwrap();
     cluster
         .apply_yaml(
-            "apiVersion: whereabouts.cni.cncf.io/v1alpha1\nkind: IPPool\nmetadata: {name: 10.1.0.0-16}\n\
-             spec: {range: 10.1.0.0/16, allocations: {}}\n",
+            "apiVersion: whereabouts.cni.cncf.io/v1alpha1\nkind: IPPool\nmetadata: {name: 198.51.100.0-24}\n\
+             spec: {range: 198.51.100.0/24, allocations: {}}\n",
         )
         .await
         .unwrap();
@@ -238,8 +238,8 @@ async fn apiserver_restart_keeps_data() {
     let admin = cluster.admin_client().await.unwrap();
     let pools: Api<DynamicObject> = Api::namespaced_with(admin, NAMESPACE, &ippools());
     let pool = pools
-        .get("10.1.0.0-16")
+        .get("198.51.100.0-24")
         .await
         .expect("pool survives an apiserver restart");
-    assert_eq!(pool.data["spec"]["range"], "10.1.0.0/16");
+    assert_eq!(pool.data["spec"]["range"], "198.51.100.0/24");
 }

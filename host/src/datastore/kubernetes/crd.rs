@@ -72,11 +72,41 @@ pub fn new_pool(name: &str, namespace: &str, cidr: &str, entries: &[&Allocation]
 }
 
 /// A new `OverlappingRangeIPReservation` for `holder`'s address.
+/// The label thereabouts puts on every reservation it creates: a hash of the
+/// attachment (container ID and interface) that reserved it. A DEL finds with it,
+/// in one LIST, the reservations an ADD of the same attachment made and could
+/// not clean up (the apiserver went away mid-ADD, the process was killed): the
+/// pools hold no entry for those, so nothing else leads to them. Whereabouts
+/// ignores labels; its own reservations carry none and are found by name.
+pub const ATTACHMENT_LABEL: &str = "thereabouts.cni.dev/attachment";
+
+/// The [`ATTACHMENT_LABEL`] value: FNV-1a (64-bit) of container ID, a NUL and the
+/// interface, as 16 hex digits. A container ID is 64 characters, over a label
+/// value's 63; a collision only makes the LIST return a reservation the DEL
+/// then checks by its fields and leaves alone.
+pub fn attachment_label(container_id: &str, ifname: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in container_id.bytes().chain([0]).chain(ifname.bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The collection path listing the reservations labelled for one attachment.
+pub fn attachment_reservations_path(namespace: &str, container_id: &str, ifname: &str) -> String {
+    let selector = format!("{ATTACHMENT_LABEL}={}", attachment_label(container_id, ifname));
+    format!("{}?labelSelector={}", collection_path(namespace, RESERVATIONS), escape(&selector))
+}
+
 pub fn new_reservation(name: &str, namespace: &str, holder: &Allocation) -> Value {
     json!({
         "apiVersion": api_version(),
         "kind": "OverlappingRangeIPReservation",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {ATTACHMENT_LABEL: attachment_label(&holder.container_id, &holder.ifname)},
+        },
         "spec": {"containerid": holder.container_id, "podref": holder.pod_ref, "ifname": holder.ifname},
     })
 }
@@ -152,6 +182,8 @@ pub fn parse_pool(object: &Value) -> Result<PoolObject, String> {
 /// The owner of a reservation, as read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReservationObject {
+    /// `metadata.name`.
+    pub name: String,
     pub uid: String,
     /// `metadata.resourceVersion`, to tell a reservation made before a pool was
     /// read from one a racing writer made since (a hint, see the datastore).
@@ -164,6 +196,7 @@ pub struct ReservationObject {
 pub fn parse_reservation(object: &Value) -> ReservationObject {
     let text = |pointer: &str| object.pointer(pointer).and_then(Value::as_str).unwrap_or_default().to_string();
     ReservationObject {
+        name: text("/metadata/name"),
         uid: text("/metadata/uid"),
         resource_version: text("/metadata/resourceVersion"),
         podref: text("/spec/podref"),
@@ -181,6 +214,12 @@ impl ReservationObject {
         let same_pod = if holder.pod_ref.is_empty() { !self.containerid.is_empty() && self.containerid == holder.container_id } else { self.podref == holder.pod_ref };
         same_pod && (self.ifname.is_empty() || self.ifname == holder.ifname)
     }
+
+    /// Whether this exact attachment (container ID and interface) made it: what
+    /// a DEL may free even though no pool entry leads to it.
+    pub fn is_made_by(&self, container_id: &str, ifname: &str) -> bool {
+        self.containerid == container_id && self.ifname == ifname
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +228,29 @@ mod tests {
 
     fn alloc(offset: u128, id: &str, pod: &str, ifname: &str) -> Allocation {
         Allocation { offset, container_id: id.into(), pod_ref: pod.into(), ifname: ifname.into() }
+    }
+
+    #[test]
+    fn reservations_carry_their_attachment_as_a_label_the_del_can_select() {
+        let holder = alloc(1, &"c".repeat(64), "default/pod", "eth0");
+        let orip = new_reservation("192.0.2.1", "kube-system", &holder);
+        let label = orip["metadata"]["labels"][ATTACHMENT_LABEL].as_str().unwrap();
+        // A valid label value: at most 63 characters, alphanumeric.
+        assert_eq!(label.len(), 16);
+        assert!(label.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(label, attachment_label(&holder.container_id, "eth0"));
+        assert_ne!(label, attachment_label(&holder.container_id, "net1"));
+        // The separator keeps ("ab", "c") and ("a", "bc") apart.
+        assert_ne!(attachment_label("ab", "c"), attachment_label("a", "bc"));
+        assert_eq!(
+            attachment_reservations_path("ns", "x", "eth0"),
+            format!("/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/overlappingrangeipreservations?labelSelector=thereabouts.cni.dev%2Fattachment%3D{}", attachment_label("x", "eth0"))
+        );
+        let parsed = parse_reservation(&orip);
+        assert_eq!(parsed.name, "192.0.2.1");
+        assert!(parsed.is_made_by(&holder.container_id, "eth0"));
+        assert!(!parsed.is_made_by(&holder.container_id, "net1"));
+        assert!(!parsed.is_made_by("other", "eth0"));
     }
 
     #[test]
@@ -253,7 +315,8 @@ mod tests {
         assert_eq!(
             new_reservation("192.0.2.7", "kube-system", &a),
             json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "OverlappingRangeIPReservation",
-                   "metadata": {"name": "192.0.2.7", "namespace": "kube-system"},
+                   "metadata": {"name": "192.0.2.7", "namespace": "kube-system",
+                                "labels": {ATTACHMENT_LABEL: attachment_label("cid", "net1")}},
                    "spec": {"containerid": "cid", "podref": "ns/pod", "ifname": "net1"}})
         );
     }

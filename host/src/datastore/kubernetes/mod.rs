@@ -33,13 +33,29 @@
 //!   reservation of its own behind for an address it did not get.
 //! - A lost reservation race does not re-read the pools: the retry plans on the
 //!   objects already read (plus the address lost, now [`reserved`](Datastore::reserved)),
-//!   which the entry guards make safe. Only a pool write drops a read.
+//!   which the entry guards make safe. Only a pool write drops a read. After the
+//!   first lost race, a reservation found taken is not read either (see `reserve`).
+//! - Every reservation we create carries the label [`crd::ATTACHMENT_LABEL`] (a
+//!   hash of container ID and interface). A DEL lists the reservations with its
+//!   label once ([`begin_release`](Datastore::begin_release)): the ones its pool
+//!   entries lead to are deleted without another read, and the ones no entry
+//!   leads to (an ADD that reserved, then failed and could not clean up: the
+//!   apiserver went away, the process was killed) are deleted at the end
+//!   ([`end_release`](Datastore::end_release)) if their fields name this exact
+//!   container and interface.
 //! - No lock, unlike whereabouts' cluster-wide `Lease`, and no `resourceVersion`
 //!   precondition: the per-entry `test`s are the compare-and-swap, so writers
 //!   that planned different addresses all succeed, and only two writers after
 //!   one address (or one entry) conflict.
 //! - Uncontended ADD: per range one GET, one POST (reservation) and one PATCH (or
-//!   POST of a new pool); two without `enable_overlapping_ranges`.
+//!   POST of a new pool); two without `enable_overlapping_ranges`. Uncontended
+//!   DEL: per range one GET, one PATCH and one DELETE, plus one LIST per call.
+//! - Many writers of one pool: the apiserver applies a PATCH to the object as
+//!   stored and repeats it while other writes land in between, so concurrent
+//!   PATCHes of one object cost it far more than the same PATCHes in a row.
+//!   `deploy/flowcontrol.yaml` queues the plugin's pool writes in a priority
+//!   level of a few seats (API Priority and Fairness): a queue inside the
+//!   apiserver, not a lock.
 //! - Failures: unreachable, timeouts, 429 and 5xx are [`DatastoreError::Unavailable`]
 //!   (CNI code 11); 401/403 [`DatastoreError::Denied`]; a bad kubeconfig
 //!   [`DatastoreError::Kubeconfig`] (code 7). Every request is bounded by the
@@ -147,6 +163,20 @@ pub struct KubernetesStore {
     /// Set when a commit lost a reservation race: the pools did not refuse
     /// anything, so the retry plans again on the reads it has (see `load`).
     reuse_reads: AtomicBool,
+    /// Reservation races this call lost. After the first, a reservation found
+    /// taken is not read to see whose it is: see `reserve`.
+    races_lost: AtomicU32,
+    /// A DEL's attachment and the reservations labelled with it (`begin_release`),
+    /// by name; the ones the DEL frees through pool entries leave the map, the
+    /// rest are leftovers for `end_release`.
+    releasing: Mutex<Option<Releasing>>,
+}
+
+/// See [`KubernetesStore::releasing`].
+struct Releasing {
+    container_id: String,
+    ifname: String,
+    labelled: HashMap<String, crd::ReservationObject>,
 }
 
 /// A reservation this process created.
@@ -179,6 +209,8 @@ enum Reservation {
     /// It existed already for the same pod and interface (a retried ADD).
     Adopted,
     HeldElsewhere(crd::ReservationObject),
+    /// It exists, and this call already lost a race: taken by a racer, not read.
+    Taken,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -220,6 +252,8 @@ impl KubernetesStore {
             held: Mutex::default(),
             read_revisions: Mutex::default(),
             reuse_reads: AtomicBool::new(false),
+            races_lost: AtomicU32::new(0),
+            releasing: Mutex::default(),
         })
     }
 
@@ -394,7 +428,15 @@ impl KubernetesStore {
         Ok(Some(parsed))
     }
 
-    /// POSTs the reservation; on AlreadyExists looks at who holds it.
+    /// POSTs the reservation; on AlreadyExists looks at who holds it, unless
+    /// this call already lost a reservation race: then the answer is nearly
+    /// always another racer (the contended plan picked a random address of a
+    /// window that the racers are filling), and reading it would only double
+    /// the requests of every lost round. What the read would tell apart — our
+    /// own reservation from an earlier attempt of this ADD, or an overlapping
+    /// range's — is then planned around like a racer's: the former is freed by
+    /// the DEL (it carries our attachment label), the latter was not planned
+    /// lowest-first anyway under contention.
     fn reserve(&self, name: &str, holder: &Allocation, deadline: Instant) -> Result<Reservation, DatastoreError> {
         let action = format!("creating OverlappingRangeIPReservation {}/{name}", self.namespace);
         let body = crd::new_reservation(name, &self.namespace, holder);
@@ -405,6 +447,9 @@ impl KubernetesStore {
                 Reply::Object(created) => return Ok(Reservation::Created { uid: crd::parse_reservation(&created).uid }),
                 Reply::Status(s) if s.code == 409 => {}
                 Reply::Status(s) => return Err(self.status_error(&s, &action)),
+            }
+            if self.races_lost.load(Ordering::Relaxed) > 0 {
+                return Ok(Reservation::Taken);
             }
             let reading = format!("reading OverlappingRangeIPReservation {}/{name}", self.namespace);
             match self.call(Method::GET, &self.reservation_path(name), None, &reading, deadline)? {
@@ -435,7 +480,13 @@ impl KubernetesStore {
     }
 
     /// Deletes the reservation `name` if `holder`'s pod and interface hold it.
+    /// One this DEL's LIST found (`begin_release`) is deleted without reading it
+    /// again; others (whereabouts' carry no label) are read first.
     fn unreserve(&self, name: &str, holder: &Allocation, deadline: Instant) -> Result<(), DatastoreError> {
+        let listed = lock(&self.releasing).as_mut().and_then(|r| r.labelled.remove(name));
+        if let Some(existing) = listed.filter(|r| r.is_held_by(holder)) {
+            return self.delete_reservation(name, &existing.uid, deadline);
+        }
         let action = format!("reading OverlappingRangeIPReservation {}/{name}", self.namespace);
         match self.call(Method::GET, &self.reservation_path(name), None, &action, deadline)? {
             Reply::Object(object) => {
@@ -627,8 +678,16 @@ impl Datastore for KubernetesStore {
                     return Err(if self.reserved_before_read(&pool, &owner) {
                         DatastoreError::Reserved { pool, name: name.to_string() }
                     } else {
+                        self.races_lost.fetch_add(1, Ordering::Relaxed);
                         DatastoreError::Conflict { pool }
                     });
+                }
+                Ok(Reservation::Taken) => {
+                    logging::debug(format!("address of offset {} in pool {} is reserved as {name} (by a racer); planning around it", holder.offset, update.pool.name));
+                    lock(&self.reserved).entry(update.pool.name.clone()).or_default().insert(holder.offset);
+                    self.reuse_reads.store(true, Ordering::Relaxed);
+                    self.races_lost.fetch_add(1, Ordering::Relaxed);
+                    return Err(DatastoreError::Conflict { pool: update.pool.name.clone() });
                 }
                 Err(e) => {
                     self.release_held(&BTreeSet::new(), cleanup_deadline());
@@ -668,8 +727,50 @@ impl Datastore for KubernetesStore {
         Ok(())
     }
 
+    fn begin_release(&self, container_id: &str, ifname: &str, deadline: Instant) -> Result<(), DatastoreError> {
+        let action = format!("listing the OverlappingRangeIPReservations of container {container_id} interface {ifname} in namespace {}", self.namespace);
+        let path = crd::attachment_reservations_path(&self.namespace, container_id, ifname);
+        let labelled = match self.call(Method::GET, &path, None, &action, deadline)? {
+            Reply::Object(list) => list
+                .get("items")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(crd::parse_reservation)
+                .filter(|r| !r.name.is_empty())
+                .map(|r| (r.name.clone(), r))
+                .collect(),
+            // An identity from an older deploy/rbac.yaml (no `list`): the DEL still
+            // frees every reservation its pool entries lead to.
+            Reply::Status(s) if s.code == 403 => {
+                logging::error(format!("{}; reservations left by failed ADDs stay until the reconciler frees them (grant `list` on overlappingrangeipreservations, see deploy/rbac.yaml)", self.status_error(&s, &action)));
+                HashMap::new()
+            }
+            Reply::Status(s) => return Err(self.status_error(&s, &action)),
+        };
+        *lock(&self.releasing) = Some(Releasing { container_id: container_id.to_string(), ifname: ifname.to_string(), labelled });
+        Ok(())
+    }
+
+    fn end_release(&self, deadline: Instant) -> Result<usize, DatastoreError> {
+        let Some(releasing) = lock(&self.releasing).take() else { return Ok(0) };
+        let mut freed = 0;
+        for (name, r) in &releasing.labelled {
+            // The label is a hash: free only what this exact attachment made.
+            if !r.is_made_by(&releasing.container_id, &releasing.ifname) {
+                continue;
+            }
+            logging::debug(format!("reservation {name}: made by this attachment, no pool entry of it left; deleting"));
+            self.delete_reservation(name, &r.uid, deadline.max(Instant::now() + CLEANUP_GRACE))?;
+            freed += 1;
+        }
+        Ok(freed)
+    }
+
     fn finish(&self, deadline: Instant) {
         self.reuse_reads.store(false, Ordering::Relaxed);
+        self.races_lost.store(0, Ordering::Relaxed);
         self.release_held(&BTreeSet::new(), deadline.max(Instant::now() + CLEANUP_GRACE));
     }
 

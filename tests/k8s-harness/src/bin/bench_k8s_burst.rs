@@ -2,7 +2,7 @@
 //! (the harness's, on loopback): the release `thereabouts` binary as a CNI plugin,
 //! one process per call, with the least-privilege plugin identity of
 //! `deploy/rbac.yaml`, on one dual-stack config (an IPv4 range sized for the
-//! pods + `fd90::/64`).
+//! `192.0.2.0/24` + `2001:db8:90::/64`, documentation ranges).
 //!
 //! ```sh
 //! cargo build --release -p thereabouts
@@ -12,10 +12,14 @@
 //!
 //! Options: `--pods N` (200) concurrent calls per burst, `--rounds R` (3) bursts,
 //! `--sequential S` (20) calls of the uncontended phase, `--timeout-ms T`
-//! (120000) the plugin's budget per call (`THEREABOUTS_TIMEOUT_MS`).
+//! (120000) the plugin's budget per call (`THEREABOUTS_TIMEOUT_MS`);
+//! `--dump-metrics DIR` writes the apiserver's whole `/metrics` text before and
+//! after every phase (`DIR/<n>-<before|after>-<phase>.prom`), for digging into
+//! the apiserver's side (etcd operations, flow control, request durations).
 //!
 //! Phases, each on the same config (its pools are created by one warm-up ADD
-//! first, then emptied again):
+//! first, then emptied again; after the first burst of ADDs, `--sequential`
+//! more ADDs and DELs one at a time show what a write costs in a full pool):
 //!
 //! 1. uncontended: S ADDs one after another, then their S DELs;
 //! 2. R rounds of: N ADDs started at once (one thread per process, released
@@ -29,7 +33,10 @@
 //! `GET /metrics` before and after the phase: every request that reached it,
 //! retries included), the same per range (total / number of ranges), the
 //! requests answered 409/422 (conflicts), the re-plans the plugins logged
-//! (`log_level: debug`, one log file per process), and the CPU time of the
+//! (`log_level: debug`, one log file per process), the etcd writes behind the
+//! requests (`etcd_request_duration_seconds_count`: a PATCH the apiserver
+//! re-applies because the object changed under it costs one etcd update per
+//! attempt), and the CPU time of the
 //! plugin processes (`getrusage` of the reaped children) and of kube-apiserver +
 //! etcd (`/proc/<pid>/stat`). A markdown table at the end, then the requests per
 //! call by verb, resource and answer code.
@@ -46,8 +53,8 @@ use anyhow::{Context, Result, bail};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::Cluster;
 use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, Metrics, RequestCounts, address, children_cpu, log_path, percentile,
-    pool_entries, process_cpu, reservations_in, run_concurrently, run_one,
+    Invocation, LogStats, Metrics, RequestCounts, address, children_cpu, failure_summary, log_path,
+    percentile, pool_entries, process_cpu, reservations_in, run_concurrently, run_one,
 };
 use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf, with_debug_log};
 
@@ -56,6 +63,10 @@ struct Options {
     rounds: usize,
     sequential: usize,
     timeout: Duration,
+    dump_metrics: Option<std::path::PathBuf>,
+    /// Apply `deploy/flowcontrol.yaml` (the default; `--without-flowcontrol`
+    /// measures the apiserver without it).
+    flowcontrol: bool,
 }
 
 fn parse_options() -> Result<Options> {
@@ -64,6 +75,8 @@ fn parse_options() -> Result<Options> {
         rounds: 3,
         sequential: 20,
         timeout: Duration::from_secs(120),
+        dump_metrics: None,
+        flowcontrol: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -73,9 +86,13 @@ fn parse_options() -> Result<Options> {
         };
         if name == "--help" || name == "-h" {
             println!(
-                "bench_k8s_burst [--pods N (200)] [--rounds R (3)] [--sequential S (20)] [--timeout-ms T (120000)]"
+                "bench_k8s_burst [--pods N (200)] [--rounds R (3)] [--sequential S (20)] [--timeout-ms T (120000)] [--dump-metrics DIR] [--without-flowcontrol]"
             );
             std::process::exit(0);
+        }
+        if name == "--without-flowcontrol" {
+            o.flowcontrol = false;
+            continue;
         }
         let value = match inline {
             Some(v) => v,
@@ -83,6 +100,11 @@ fn parse_options() -> Result<Options> {
                 .next()
                 .with_context(|| format!("{name} needs a value"))?,
         };
+        if name == "--dump-metrics" {
+            std::fs::create_dir_all(&value).with_context(|| format!("creating {value}"))?;
+            o.dump_metrics = Some(value.into());
+            continue;
+        }
         let number: u64 = value
             .parse()
             .with_context(|| format!("{name} {value}: not a number"))?;
@@ -105,13 +127,14 @@ fn watchdog(o: &Options) -> Duration {
     o.timeout + Duration::from_secs(60)
 }
 
-/// The smallest IPv4 range (prefix ≤ 24) with room for `n` pods.
-fn ipv4_range(n: usize) -> String {
-    let mut prefix = 24u32;
-    while (1usize << (32 - prefix)) - 2 < n {
-        prefix -= 1;
+/// The IPv4 range: the documentation network 192.0.2.0/24, which holds 253
+/// pods (its .255 is the broadcast address, and one address stays free so
+/// that a full pool is never what is measured).
+fn ipv4_range(n: usize) -> Result<String> {
+    if n > 253 {
+        bail!("{n} pods do not fit in 192.0.2.0/24 (at most 252 with the warm-up pod)");
     }
-    format!("10.90.0.0/{prefix}")
+    Ok("192.0.2.0/24".to_string())
 }
 
 struct Bench {
@@ -124,6 +147,8 @@ struct Bench {
     logs: TempDir,
     timeout: Duration,
     watchdog: Duration,
+    dump_metrics: Option<std::path::PathBuf>,
+    dumps: std::cell::Cell<usize>,
 }
 
 /// One phase's figures.
@@ -146,11 +171,7 @@ impl Phase {
         let mut logs = LogStats::default();
         for p in phases {
             match (&mut requests, &p.requests) {
-                (Some(total), Some(r)) => {
-                    for (k, v) in &r.0 {
-                        *total.0.entry(k.clone()).or_insert(0.0) += v;
-                    }
-                }
+                (Some(total), Some(r)) => total.add(r),
                 _ => requests = None,
             }
             logs.add(&p.logs);
@@ -186,18 +207,33 @@ impl Bench {
         Invocation::new(Call::pod(command, cid, pod), stdin).budget(self.timeout)
     }
 
-    fn scrape(&self) -> Option<RequestCounts> {
+    /// The request counts now; with `--dump-metrics`, also the whole `/metrics`
+    /// text as `<n>-<label>.prom`.
+    fn scrape(&self, label: &str) -> Option<RequestCounts> {
         let m = self.metrics.as_ref()?;
         // The apiserver counts a request when its handler returns, a moment after
         // the client has the answer.
         std::thread::sleep(Duration::from_millis(200));
-        match m.requests() {
-            Ok(r) => Some(r),
+        let text = match m.text() {
+            Ok(t) => t,
             Err(e) => {
                 eprintln!("bench: scraping /metrics failed: {e:#}");
-                None
+                return None;
+            }
+        };
+        if let Some(dir) = &self.dump_metrics {
+            let n = self.dumps.get() + 1;
+            self.dumps.set(n);
+            let file: String = label
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                .collect();
+            let path = dir.join(format!("{n:02}-{file}.prom"));
+            if let Err(e) = std::fs::write(&path, &text) {
+                eprintln!("bench: writing {}: {e}", path.display());
             }
         }
+        Some(RequestCounts::parse(&text))
     }
 
     fn log_stats(&self, command: &str, outcomes: &[Outcome]) -> LogStats {
@@ -213,11 +249,11 @@ impl Bench {
     }
 
     fn report_failures(what: &str, outcomes: &[Outcome]) -> usize {
-        let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.ok()).collect();
-        for o in failed.iter().take(3) {
-            eprintln!("bench: {what} failed: {}", o.describe());
+        let groups = failure_summary(outcomes);
+        for (n, m) in &groups {
+            eprintln!("bench: {what}: {n} failed with: {m}");
         }
-        failed.len()
+        groups.iter().map(|(n, _)| n).sum()
     }
 
     /// Runs `pods` one after another (`concurrent` false) or all at once.
@@ -232,7 +268,7 @@ impl Bench {
             .iter()
             .map(|(cid, pod)| self.invocation(command, cid, pod))
             .collect();
-        let before = self.scrape();
+        let before = self.scrape(&format!("before {name}"));
         let server_cpu = || {
             self.cluster
                 .pids()
@@ -252,7 +288,7 @@ impl Bench {
         };
         let wall = started.elapsed();
         let (plugin_cpu, server_cpu) = (children_cpu() - plugin_cpu0, server_cpu() - server_cpu0);
-        let after = self.scrape();
+        let after = self.scrape(&format!("after {name}"));
         let requests = match (before, after) {
             (Some(b), Some(a)) => Some(a.since(&b)),
             _ => None,
@@ -341,8 +377,16 @@ fn main() -> Result<()> {
         .build()?;
     runtime.block_on(async {
         cluster.install_crds().await?;
-        cluster.install_rbac().await
+        cluster.install_rbac().await?;
+        if options.flowcontrol {
+            cluster.install_flowcontrol().await?;
+        }
+        anyhow::Ok(())
     })?;
+    eprintln!(
+        "bench: deploy/flowcontrol.yaml {}",
+        if options.flowcontrol { "applied" } else { "NOT applied (--without-flowcontrol)" }
+    );
     eprintln!("bench: control plane ready in {:.1?}", t0.elapsed());
     let metrics = match Metrics::admin(&cluster).and_then(|m| m.requests().map(|_| m)) {
         Ok(m) => Some(m),
@@ -352,8 +396,8 @@ fn main() -> Result<()> {
         }
     };
     let ranges = vec![
-        ipv4_range(options.pods.max(options.sequential) + 1),
-        "fd90::/64".to_string(),
+        ipv4_range(options.pods.max(options.sequential) + 1)?,
+        "2001:db8:90::/64".to_string(),
     ];
     let range_refs: Vec<&str> = ranges.iter().map(String::as_str).collect();
     let bench = Bench {
@@ -365,6 +409,8 @@ fn main() -> Result<()> {
         logs: TempDir::new("k8s-bench"),
         timeout: options.timeout,
         watchdog: watchdog(&options),
+        dump_metrics: options.dump_metrics.clone(),
+        dumps: std::cell::Cell::new(0),
         cluster,
     };
 
@@ -425,6 +471,19 @@ fn main() -> Result<()> {
             problems.push(format!("{}: {e:#}", p.name));
         }
         burst_adds.push(p);
+        if round == 1 && !sequential.is_empty() {
+            // What one ADD and one DEL cost once the pools are full of entries:
+            // the apiserver decodes, validates and re-encodes the whole object
+            // for every write, so a write's price grows with the pool.
+            let extra: Vec<(String, String)> = (0..options.sequential)
+                .map(|i| (format!("cid-full-{i:03}"), format!("full-{i:03}")))
+                .collect();
+            let held = options.pods;
+            let (p, _) = bench.phase(&format!("uncontended ADD (sequential), pools at {held} entries"), "ADD", &extra, false);
+            phases.push(p);
+            let (p, _) = bench.phase(&format!("uncontended DEL (sequential), pools at {held} entries"), "DEL", &extra, false);
+            phases.push(p);
+        }
         let (p, _) = bench.phase(
             &format!("burst DEL ({} concurrent), round {round}", options.pods),
             "DEL",
@@ -454,11 +513,15 @@ fn main() -> Result<()> {
             &burst_dels.iter().collect::<Vec<_>>(),
         ));
     }
-    let rounds: Vec<Phase> = burst_adds
+    let mut rounds: Vec<Phase> = burst_adds
         .into_iter()
         .zip(burst_dels)
         .flat_map(|(a, d)| [a, d])
         .collect();
+    // One round: its rows are the summary (and get the breakdowns below).
+    if options.rounds == 1 {
+        table.append(&mut rounds);
+    }
 
     let version = bench
         .cluster
@@ -479,24 +542,26 @@ fn main() -> Result<()> {
     );
     println!();
     println!(
-        "| phase | calls | wall | calls/s | p50 | p90 | p99 | max | API requests / call | per range | 409/422 answers / call | re-plans / call | CPU / call: plugin, apiserver+etcd | failed |"
+        "| phase | calls | wall | calls/s | p50 | p90 | p99 | max | API requests / call | per range | 409/422 answers / call | re-plans / call | etcd writes / call | CPU / call: plugin, apiserver+etcd | failed |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for p in table.iter().chain(&rounds) {
-        let (requests, per_range, conflicts) = match &p.requests {
+        let (requests, per_range, conflicts, etcd) = match &p.requests {
             Some(r) => (
                 per_call(r.total(), p.calls),
                 per_call(r.total() / n_ranges as f64, p.calls),
                 per_call(r.conflicts(), p.calls),
+                per_call(r.etcd_writes(), p.calls),
             ),
             None => (
                 format!("{} (logs)", per_call(p.logs.requests as f64, p.calls)),
                 per_call(p.logs.requests as f64 / n_ranges as f64, p.calls),
                 "n/a".to_string(),
+                "n/a".to_string(),
             ),
         };
         println!(
-            "| {} | {} | {:.2} s | {:.0} | {} | {} | {} | {} | {requests} | {per_range} | {conflicts} | {} | {}, {} | {} |",
+            "| {} | {} | {:.2} s | {:.0} | {} | {} | {} | {} | {requests} | {per_range} | {conflicts} | {} | {etcd} | {}, {} | {} |",
             p.name,
             p.calls,
             p.wall.as_secs_f64(),
@@ -538,6 +603,27 @@ fn main() -> Result<()> {
             p.name,
             per_call(p.logs.requests as f64, p.calls)
         );
+    }
+    println!();
+    println!(
+        "Inside the apiserver, per call: etcd operations (etcd_request_duration_seconds_count; a PATCH re-applied after the object changed under it costs one etcd update per attempt) and the mean time of a request (apiserver_request_duration_seconds):"
+    );
+    println!();
+    for p in &table {
+        let Some(r) = &p.requests else { continue };
+        let etcd = r
+            .etcd_lines()
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", per_call(*v, p.calls)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let durations = r
+            .mean_durations()
+            .iter()
+            .map(|(k, d)| format!("{k}: {}", ms(*d)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        println!("- {}: etcd {etcd}; mean {durations}", p.name);
     }
     if problems.is_empty() {
         println!();
