@@ -10,7 +10,11 @@ use thereabouts_allocator::{Allocation, NormalizedConfig, PlanOutcome, PoolSnaps
 
 /// A random small range config: family, prefix, optional start/end, excludes.
 fn range_config() -> impl Strategy<Value = serde_json::Value> {
-    let v4 = (24u8..=30, 0u32..256).prop_map(|(prefix, third)| (format!("198.51.{}.0/{prefix}", third % 256), 4u8, prefix));
+    // A block of one of the three IPv4 documentation networks.
+    let v4 = (24u8..=30, 0usize..3, 0u32..256).prop_map(|(prefix, network, block)| {
+        let first = ["192.0.2", "198.51.100", "203.0.113"][network];
+        (format!("{first}.{}/{prefix}", (block << (32 - prefix)) & 0xff), 4u8, prefix)
+    });
     let v6 = (118u8..=126, 0u16..0xffff).prop_map(|(prefix, group)| (format!("2001:db8:{group:x}::/{prefix}"), 6u8, prefix));
     (prop_oneof![v4, v6], proptest::collection::vec((0u32..300, 26u8..=32), 0..4), proptest::option::of(0u32..300), proptest::option::of(0u32..300))
         .prop_map(|((cidr, family, prefix), excl, start, end)| {
@@ -86,7 +90,8 @@ proptest! {
         let occupied: BTreeSet<u128> = taken.iter().chain(&reserved).copied().collect();
         // Brute force: the free addresses of the range, lowest first.
         let free: Vec<u128> = (r.first_offset..=r.last_offset).filter(|o| !excluded(*o) && !occupied.contains(o)).collect();
-        let window = if contention == 0 { 1 } else { 1usize << contention.min(8) };
+        // 8^c candidates after c conflicts, at most 1024.
+        let window = 1usize << (3 * contention).min(10);
         let pool = PoolSnapshot { reserved: reserved.clone(), ..PoolSnapshot::with_taken(taken.iter().copied()) };
         let request = Request { contention, ..req(pod) };
         match plan(r, &pool, &request) {
