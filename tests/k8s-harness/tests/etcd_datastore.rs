@@ -276,3 +276,39 @@ fn tls_and_auth_work_and_bad_credentials_or_files_are_named() {
     // None of the failed calls wrote anything.
     assert_eq!(etcd.dump("/").unwrap(), before);
 }
+
+#[test]
+fn concurrent_adds_conflict_retry_and_never_share_an_address() {
+    let etcd = Etcd::start_plain().expect("starting etcd");
+    let conf = etcd_conf(etcd.access(), &["192.0.2.0/27", "2001:db8:3::/64"]).to_string();
+    // Twelve plugins at once on the same two pools: the losers of each
+    // transaction read again and plan again.
+    let children: Vec<_> = (0..12)
+        .map(|i| {
+            let call = Call::pod("ADD", &format!("cid-{i}"), &format!("pod-{i}"));
+            let child = call.spawn(&thereabouts_bin(), &conf);
+            (call, child)
+        })
+        .collect();
+    let mut v4 = std::collections::BTreeSet::new();
+    for (call, child) in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{call:?}: {}", String::from_utf8_lossy(&out.stdout));
+        let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v4.insert(result["ips"][0]["address"].as_str().unwrap().to_string()), "duplicate: {result}");
+    }
+    let dump = etcd.dump("/thereabouts/").unwrap();
+    let pool: Value = serde_json::from_str(&dump.iter().find(|(k, _)| k == "/thereabouts/pools/192.0.2.0-27").unwrap().1).unwrap();
+    assert_eq!(pool["allocations"].as_object().unwrap().len(), 12);
+    assert_eq!(dump.iter().filter(|(k, _)| k.starts_with(RESERVATIONS)).count(), 24);
+}
+
+#[test]
+fn teardown_leaves_nothing_behind() {
+    let etcd = Etcd::start_secured().expect("starting etcd");
+    let (pid, dir) = (etcd.pid().unwrap(), etcd.dir().to_path_buf());
+    assert!(thereabouts_k8s_harness::pid_alive(pid) && dir.is_dir());
+    drop(etcd);
+    assert!(!thereabouts_k8s_harness::pid_alive(pid), "etcd {pid} still running");
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
