@@ -204,6 +204,10 @@ pub trait Datastore {
     ///   removing someone else's entry), and it lets concurrent ADDs that planned
     ///   different addresses all succeed. Why this is safe next to whereabouts:
     ///   [`kubernetes`]'s module documentation.
+    /// - etcd: each pool key's `mod_revision` as read (the whole pool, like the
+    ///   file store; `create_revision == 0` for an absent pool) and each new
+    ///   reservation key's absence, all in one transaction: every pool of the
+    ///   call lands or none does (see [`etcd`]).
     ///
     /// A store may keep what it set up for a commit that conflicted (the
     /// Kubernetes store: the reservations of the addresses it planned) so the
