@@ -273,6 +273,16 @@ fn tls_and_auth_work_and_bad_credentials_or_files_are_named() {
     let e = add(&junk, "cid-b", "pod-b").expect_cni_error("ADD with a CA file that holds no certificate");
     assert!(e["code"] == 7 && e["msg"].as_str().unwrap().contains("etcd_ca_cert_file"), "{e}");
 
+    // A CA that did not sign etcd's certificate: the handshake fails; the
+    // answer comes within the budget and says so.
+    let mut untrusted = conf.clone();
+    untrusted["ipam"]["etcd_ca_cert_file"] = json!(access.tls.as_ref().unwrap().1);
+    let o = run(&Call::pod("ADD", "cid-b", "pod-b"), &untrusted.to_string(), &[("THEREABOUTS_TIMEOUT_MS", "3000")]);
+    let e = o.expect_cni_error("ADD trusting the wrong CA");
+    assert_eq!(e["code"], 999, "{}", o.describe());
+    assert!(e["msg"].as_str().unwrap().contains("rejected") && e["msg"].as_str().unwrap().contains("certificate"), "{e}");
+    assert!(o.elapsed < Duration::from_secs(6), "took {:?}", o.elapsed);
+
     // None of the failed calls wrote anything.
     assert_eq!(etcd.dump("/").unwrap(), before);
 }
