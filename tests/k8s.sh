@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Kubernetes tests: builds (or reuses from the cache outside the clone) a real
-# kube-apiserver and etcd from the Go module proxy, then runs the tests that start
-# them through the Rust harness (tests/k8s-harness). Needs Go >= 1.26.
+# Kubernetes and etcd tests: builds (or reuses from the cache outside the clone) a
+# real kube-apiserver and etcd from the Go module proxy, then runs the tests that
+# start them through the Rust harness (tests/k8s-harness), the etcd datastore's
+# included (tests/etcd_datastore.rs). Needs Go >= 1.26.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v go >/dev/null 2>&1 || {
@@ -12,12 +13,9 @@ bins=$(bash tests/k8s-bins/build.sh)
 echo "kube-apiserver and etcd: $bins"
 # The harness would run build.sh itself; pointing it at the directory skips that.
 export THEREABOUTS_K8S_BINS="$bins"
-if ! command -v cc >/dev/null 2>&1; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq build-essential >/dev/null
-fi
-# tests/datastore.rs runs the release plugin binary as a CNI process.
+# The Rust target and the build's Debian packages (C toolchain, protoc), when missing.
+source scripts/setup-rust.sh
+# tests/datastore.rs and tests/etcd_datastore.rs run the release plugin binary as a CNI process.
 cargo build --release -q -p thereabouts
 # A control plane costs ~0.5 GB RSS and a few seconds of CPU (tests start their
 # own, or share one per test file): keep the parallelism modest on small machines.

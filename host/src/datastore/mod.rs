@@ -1,10 +1,11 @@
 //! Where allocations live. One trait for every backend (the embedded file store,
-//! Kubernetes `IPPool`s; etcd next): read a pool with an opaque version,
+//! Kubernetes `IPPool`s, etcd keys): read a pool with an opaque version,
 //! then commit changes to several pools at once, all or nothing, only if what the
 //! plan relied on is still true (compare-and-swap, see [`Datastore::commit`] for
 //! what each backend compares). Planning happens between the two in the engine,
 //! so a backend never decides which address anyone gets.
 
+pub mod etcd;
 pub mod file;
 pub mod kubernetes;
 pub mod pool_file;
@@ -126,6 +127,22 @@ pub enum DatastoreError {
     /// A stored object this build cannot read (e.g. an `IPPool` without a usable `spec`).
     #[error("{object} is unreadable: {detail}")]
     Malformed { object: String, detail: String },
+    /// etcd could not be reached, did not answer in time or has no leader: may
+    /// heal by itself.
+    #[error("etcd {endpoints} unavailable while {action}: {detail}")]
+    EtcdUnavailable { endpoints: String, action: String, detail: String },
+    /// etcd refused our user or password, or the user's role lacks a permission
+    /// on the prefix: the install needs fixing.
+    #[error("etcd {endpoints} denied {action}: {detail} (check etcd_username, etcd_password and the user's role on the prefix)")]
+    EtcdDenied { endpoints: String, action: String, detail: String },
+    /// Any other failure retrying will not fix (TLS verification, a request etcd
+    /// rejects).
+    #[error("etcd {endpoints} rejected {action}: {detail}")]
+    EtcdRejected { endpoints: String, action: String, detail: String },
+    /// The etcd settings cannot be used (no `etcd_host`, a certificate file that
+    /// cannot be read, ...).
+    #[error("etcd datastore config unusable: {detail}")]
+    EtcdConfig { detail: String },
 }
 
 impl DatastoreError {
@@ -141,15 +158,16 @@ impl DatastoreError {
             | DatastoreError::Reserved { .. }
             | DatastoreError::Timeout { .. }
             | DatastoreError::Io { .. }
-            | DatastoreError::Unavailable { .. } => {
-                code::TRY_AGAIN_LATER
-            }
-            DatastoreError::NotADirectory { .. } | DatastoreError::Kubeconfig { .. } => code::INVALID_CONFIG,
+            | DatastoreError::Unavailable { .. }
+            | DatastoreError::EtcdUnavailable { .. } => code::TRY_AGAIN_LATER,
+            DatastoreError::NotADirectory { .. } | DatastoreError::Kubeconfig { .. } | DatastoreError::EtcdConfig { .. } => code::INVALID_CONFIG,
             DatastoreError::Corrupt { .. }
             | DatastoreError::Inconsistent { .. }
             | DatastoreError::Denied { .. }
             | DatastoreError::Rejected { .. }
-            | DatastoreError::Malformed { .. } => code::INTERNAL,
+            | DatastoreError::Malformed { .. }
+            | DatastoreError::EtcdDenied { .. }
+            | DatastoreError::EtcdRejected { .. } => code::INTERNAL,
         }
     }
 }
@@ -186,6 +204,10 @@ pub trait Datastore {
     ///   removing someone else's entry), and it lets concurrent ADDs that planned
     ///   different addresses all succeed. Why this is safe next to whereabouts:
     ///   [`kubernetes`]'s module documentation.
+    /// - etcd: each pool key's `mod_revision` as read (the whole pool, like the
+    ///   file store; `create_revision == 0` for an absent pool) and each new
+    ///   reservation key's absence, all in one transaction: every pool of the
+    ///   call lands or none does (see [`etcd`]).
     ///
     /// A store may keep what it set up for a commit that conflicted (the
     /// Kubernetes store: the reservations of the addresses it planned) so the
@@ -277,7 +299,7 @@ pub fn open(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, CniError
             Ok(Box::new(file::FileStore::new(dir)))
         }
         Some("kubernetes") => open_kubernetes(settings),
-        Some("etcd") => Err(not_available("etcd")),
+        Some("etcd") => Ok(Box::new(etcd::EtcdStore::open(settings)?)),
         // whereabouts' behaviour: a kubeconfig means the Kubernetes datastore.
         None if settings.kubeconfig.as_deref().is_some_and(|k| !k.is_empty()) => open_kubernetes(settings),
         None => Err(CniError::new(
@@ -302,14 +324,6 @@ fn open_kubernetes(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, C
     Ok(Box::new(kubernetes::KubernetesStore::open(std::path::Path::new(path))?))
 }
 
-fn not_available(kind: &str) -> CniError {
-    CniError::new(
-        code::INVALID_CONFIG,
-        format!("the {kind} datastore is not available in this build of thereabouts; use \"datastore\": \"file\" for now"),
-    )
-    .with_details("field: ipam.datastore")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,8 +344,13 @@ mod tests {
         let no_kubeconfig = DatastoreSettings { kind: Some("kubernetes".into()), ..Default::default() };
         let e = open(&no_kubeconfig).err().unwrap();
         assert_eq!((e.code, e.details.as_str()), (7, "field: ipam.kubernetes.kubeconfig"));
+        // etcd without an endpoint: a config error naming the key.
         let etcd = DatastoreSettings { kind: Some("etcd".into()), ..Default::default() };
-        assert_eq!(open(&etcd).err().unwrap().code, 7);
+        let e = open(&etcd).err().unwrap();
+        assert_eq!(e.code, 7, "{e:?}");
+        assert!(e.msg.contains("etcd_host"), "{}", e.msg);
+        let etcd = DatastoreSettings { etcd_hosts: vec!["127.0.0.1:2379".into()], ..etcd };
+        assert!(open(&etcd).unwrap().describe().contains("prefix /thereabouts/ at http://127.0.0.1:2379"));
         let file = DatastoreSettings { kind: Some("file".into()), ..Default::default() };
         assert!(open(&file).unwrap().describe().contains(DEFAULT_DATA_DIR));
     }

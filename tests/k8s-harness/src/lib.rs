@@ -29,6 +29,7 @@
 mod apply;
 mod bins;
 pub mod burst;
+pub mod etcd;
 pub mod plugin;
 mod process;
 
