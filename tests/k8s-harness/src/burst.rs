@@ -1,5 +1,6 @@
-//! Bursts of plugin processes against a harness [`Cluster`](crate::Cluster), shared
-//! by `tests/burst.rs` and the `bench_k8s_burst` binary:
+//! Bursts of plugin processes against a harness [`Cluster`](crate::Cluster) or
+//! [`Etcd`](crate::etcd::Etcd), shared by `tests/burst.rs`, `tests/etcd_burst.rs`
+//! and the `bench_k8s_burst` and `bench_etcd_burst` binaries:
 //!
 //! * [`run_concurrently`]: many `thereabouts` CNI processes started at once (one
 //!   thread each, released together by a barrier), each bounded by a watchdog;
@@ -11,7 +12,7 @@
 //!   resources (`apiserver_request_total` from `GET /metrics`, as admin), by verb,
 //!   resource and answer code — every request that reached it, retries included;
 //! * [`LogStats`]: what a plugin's debug log (`log_level: debug`) says about one
-//!   call: API requests per pool or reservation, and re-plans after conflicts.
+//!   call: Kubernetes API or etcd requests per target, and re-plans after conflicts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -306,12 +307,23 @@ pub fn pool_entries(
     name: &str,
     range: &str,
 ) -> Result<BTreeMap<IpAddr, PoolEntry>> {
+    entries_by_address(name, range, objects.allocations(name)?)
+}
+
+/// Allocations in the IPPool spec shape (decimal offset → `{id, podref,
+/// ifname}`) of the pool `name` (of `range`), by address: what an IPPool and
+/// an etcd pool key both hold.
+pub fn entries_by_address(
+    name: &str,
+    range: &str,
+    allocations: BTreeMap<String, Value>,
+) -> Result<BTreeMap<IpAddr, PoolEntry>> {
     let (net, _) = range_network(range);
     let mut out = BTreeMap::new();
-    for (key, v) in objects.allocations(name)? {
+    for (key, v) in allocations {
         let offset: u128 = key
             .parse()
-            .with_context(|| format!("IPPool {name}: allocation key {key:?} is no offset"))?;
+            .with_context(|| format!("pool {name}: allocation key {key:?} is no offset"))?;
         let address = add_offset(net, offset);
         let text = |f: &str| v[f].as_str().unwrap_or_default().to_string();
         out.insert(
@@ -339,6 +351,49 @@ pub fn reservations_in(objects: &Objects, ranges: &[&str]) -> Result<BTreeMap<St
                 .is_ok_and(|ip| ranges.iter().any(|r| contains(r, ip)))
         })
         .collect())
+}
+
+/// Checks that every successful ADD of `outcomes` got exactly one address per
+/// range (of `ranges`), that no address went to two of them, that each
+/// address's entry in its pool (`entries`, one map per range, as the datastore
+/// holds them) names the call's container, pod and interface, and that each
+/// address has one reservation (by [`reservation_name`]) held by that pod.
+/// Panics with the first violation. Returns the addresses per range.
+pub fn check_held(
+    ranges: &[&str],
+    outcomes: &[&Outcome],
+    entries: &[BTreeMap<IpAddr, PoolEntry>],
+    reservations: &BTreeMap<String, Value>,
+) -> Vec<BTreeMap<IpAddr, String>> {
+    assert_eq!(entries.len(), ranges.len(), "one pool per range");
+    let mut by_range: Vec<BTreeMap<IpAddr, String>> = vec![BTreeMap::new(); ranges.len()];
+    for o in outcomes {
+        let ips = o.ips();
+        assert_eq!(ips.len(), ranges.len(), "one address per range: {}", o.describe());
+        for ((ip, range), seen) in ips.iter().zip(ranges).zip(by_range.iter_mut()) {
+            let a = address(ip);
+            assert!(contains(range, a), "{ip} is not in {range}: {}", o.describe());
+            if let Some(other) = seen.insert(a, o.call.container_id.clone()) {
+                panic!("{a} was handed out twice: to {other} and to {}", o.call.container_id);
+            }
+        }
+    }
+    for ((range, pool), seen) in ranges.iter().zip(entries).zip(&by_range) {
+        for (a, cid) in seen {
+            let o = outcomes.iter().find(|o| &o.call.container_id == cid).expect("an outcome per address");
+            let podref = format!("default/{}", pod_name(&o.call));
+            let e = pool.get(a).unwrap_or_else(|| panic!("{a} of {cid} is not in the pool of {range}"));
+            assert_eq!(
+                (e.id.as_str(), e.podref.as_str(), e.ifname.as_str()),
+                (cid.as_str(), podref.as_str(), "eth0"),
+                "pool of {range}, entry {}",
+                e.key
+            );
+            let held = reservations.get(&reservation_name(*a)).unwrap_or_else(|| panic!("no reservation for {a} of {cid}"));
+            assert_eq!(held["podref"], podref, "reservation of {a}");
+        }
+    }
+    by_range
 }
 
 /// CPU time (user + system) of this process's children that have been reaped:
@@ -377,6 +432,17 @@ pub fn percentile(durations: &[Duration], p: f64) -> Duration {
     let mut sorted = durations.to_vec();
     sorted.sort();
     thereabouts_e2e::percentile(&sorted, p)
+}
+
+/// A latency for a table: whole milliseconds from 100 ms, else one decimal.
+pub fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms >= 100.0 { format!("{ms:.0} ms") } else { format!("{ms:.1} ms") }
+}
+
+/// `value` per call, two decimals.
+pub fn per_call(value: f64, calls: usize) -> String {
+    format!("{:.2}", value / calls.max(1) as f64)
 }
 
 /// What the apiserver counted for the whereabouts resources (group
@@ -581,7 +647,7 @@ impl Metrics {
 /// What one plugin call's debug log says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LogStats {
-    /// API requests sent (`kubernetes API request #n` lines).
+    /// Requests sent (`kubernetes API request #n` and `etcd request #n` lines).
     pub requests: usize,
     /// Requests per target: the IPPool's name, `reservations <family>` for a
     /// named reservation, or the collection (`POST ... /ippools`).
@@ -597,6 +663,10 @@ impl LogStats {
             replans: text.matches("changed concurrently").count(),
             ..LogStats::default()
         };
+        for action in etcd_requests(&text) {
+            stats.requests += 1;
+            *stats.by_target.entry(etcd_target(&action).to_string()).or_insert(0) += 1;
+        }
         for request in api_requests(log) {
             stats.requests += 1;
             let path = request
@@ -627,6 +697,34 @@ impl LogStats {
         for (k, v) in &other.by_target {
             *self.by_target.entry(k.clone()).or_insert(0) += v;
         }
+    }
+}
+
+/// The etcd requests a plugin's debug log holds (`etcd request #n: <action> ->
+/// <outcome>`), as their actions, in order.
+pub fn etcd_requests(log_text: &str) -> Vec<String> {
+    log_text
+        .lines()
+        .filter_map(|l| l.split_once("etcd request #").map(|(_, rest)| rest))
+        .map(|rest| {
+            let rest = rest.split_once(": ").map_or(rest, |(_, r)| r);
+            rest.rsplit_once(" -> ").map_or(rest, |(a, _)| a).to_string()
+        })
+        .collect()
+}
+
+/// What an etcd request of the plugin was for, from its logged action.
+fn etcd_target(action: &str) -> &'static str {
+    if action.starts_with("connecting") {
+        "etcd connect"
+    } else if action.starts_with("reading pool key") {
+        "etcd GET pool key"
+    } else if action.starts_with("committing") {
+        "etcd commit txn"
+    } else if action.contains("reservation key") {
+        "etcd GET reservation keys (txn)"
+    } else {
+        "etcd other"
     }
 }
 

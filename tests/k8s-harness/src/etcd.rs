@@ -9,6 +9,8 @@
 //! that dies without unwinding takes etcd with it (parent-death signal), and the
 //! next start sweeps the directory (same temp prefix as [`crate::Cluster`]).
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -17,6 +19,7 @@ use anyhow::{Context, Result, bail};
 use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Permission, TlsOptions};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 
+use crate::burst::{PoolEntry, entries_by_address};
 use crate::process::{Proc, Spawner};
 use crate::{DirGuard, binaries, block_on, free_ports, http_get_plain, lock, make_temp_dir, random_token, sweep_orphans, write_private};
 
@@ -25,6 +28,28 @@ pub const PLUGIN_PREFIX: &str = "/thereabouts/";
 /// The plugin user of a secured etcd.
 pub const PLUGIN_USER: &str = "thereabouts";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A network config `name` whose `ipam` uses the etcd datastore at `access`
+/// (user, password and certificate files when it has them) for `ranges`.
+pub fn etcd_conf(access: &Access, name: &str, ranges: &[&str]) -> serde_json::Value {
+    use serde_json::json;
+    let mut ipam = json!({
+        "type": "thereabouts",
+        "datastore": "etcd",
+        "etcd_host": access.endpoint,
+        "ipRanges": ranges.iter().map(|r| json!({"range": r})).collect::<Vec<_>>(),
+    });
+    if let Some((user, password)) = &access.user {
+        ipam["etcd_username"] = json!(user);
+        ipam["etcd_password"] = json!(password);
+    }
+    if let Some((ca, cert, key)) = &access.tls {
+        ipam["etcd_ca_cert_file"] = json!(ca);
+        ipam["etcd_cert_file"] = json!(cert);
+        ipam["etcd_key_file"] = json!(key);
+    }
+    json!({"cniVersion": "1.1.0", "name": name, "type": "thab-etcd", "ipam": ipam})
+}
 
 /// How to reach and log in to the etcd, as the plugin's config says it.
 #[derive(Debug, Clone)]
@@ -40,7 +65,12 @@ pub struct Access {
 pub struct Etcd {
     // Field order matters for Drop: the process first, then the spawner thread.
     process: Mutex<Option<Proc>>,
-    _spawner: Spawner,
+    spawner: Spawner,
+    /// The command line, to start etcd again on the same data ([`Etcd::restart`]).
+    bin: PathBuf,
+    args: Vec<String>,
+    /// Plain HTTP `/health` and `/metrics`, whatever the client side speaks.
+    metrics_port: u16,
     dir: PathBuf,
     access: Access,
     root_password: Option<String>,
@@ -96,7 +126,10 @@ impl Etcd {
         wait_healthy(&mut process, metrics_port)?;
         let mut etcd = Etcd {
             process: Mutex::new(Some(process)),
-            _spawner: spawner,
+            spawner,
+            bin: bins.etcd.clone(),
+            args,
+            metrics_port,
             dir: dir.clone(),
             access: Access {
                 endpoint: client_url,
@@ -163,8 +196,42 @@ impl Etcd {
         &self.dir
     }
 
+    /// The name of the directory the etcd binary is in (the versions built by
+    /// tests/k8s-bins, e.g. `k8s-v1.36.3_etcd-v3.6.16`), for reports.
+    pub fn binary_dir_name(&self) -> String {
+        self.bin.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+
     pub fn pid(&self) -> Option<u32> {
         lock(&self.process).as_ref().map(Proc::pid)
+    }
+
+    /// Kills etcd (SIGKILL, like a crash) and waits until it is gone; the data
+    /// directory stays. Idempotent.
+    pub fn kill(&self) {
+        if let Some(mut p) = lock(&self.process).take() {
+            p.kill();
+        }
+    }
+
+    /// Starts etcd again on the same data, ports, certificates and users, and
+    /// waits until it is healthy. No-op (but the wait) if it is running.
+    pub fn restart(&self) -> Result<()> {
+        let mut slot = lock(&self.process);
+        if slot.is_none() {
+            *slot = Some(self.spawner.spawn("etcd", &self.bin, &self.args, &self.dir.join("etcd.log"))?);
+        }
+        let process = slot.as_mut().context("etcd process")?;
+        wait_healthy(process, self.metrics_port)
+    }
+
+    /// The Prometheus text of etcd's `/metrics` (gRPC requests handled, MVCC operations).
+    pub fn metrics(&self) -> Result<String> {
+        let response = http_get_plain(self.metrics_port, "/metrics").context("GET /metrics of etcd")?;
+        match response.split_once("\r\n\r\n") {
+            Some((head, body)) if head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
+            _ => bail!("etcd /metrics: {}", response.lines().next().unwrap_or_default()),
+        }
     }
 
     /// Every key under `prefix` with its value (as text), in key order, read as admin.
@@ -206,6 +273,86 @@ impl Etcd {
             Ok(())
         })
     }
+}
+
+/// What the tests read back from the keys the plugin writes under a prefix.
+impl Etcd {
+    /// The entries of pool key `<prefix>pools/<pool>` (of `range`) by address;
+    /// empty when the key is absent.
+    pub fn pool_entries(&self, prefix: &str, pool: &str, range: &str) -> Result<BTreeMap<IpAddr, PoolEntry>> {
+        let key = format!("{prefix}pools/{pool}");
+        let Some((text, _)) = self.get(&key)? else {
+            return Ok(BTreeMap::new());
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{key} is no JSON: {text}"))?;
+        let allocations = value["allocations"].as_object().with_context(|| format!("{key} has no allocations: {text}"))?;
+        entries_by_address(pool, range, allocations.clone().into_iter().collect())
+    }
+
+    /// The reservation keys `<prefix>reservations/<name>`: their values by name.
+    pub fn reservations(&self, prefix: &str) -> Result<BTreeMap<String, serde_json::Value>> {
+        let under = format!("{prefix}reservations/");
+        self.dump(&under)?
+            .into_iter()
+            .map(|(key, text)| {
+                let value = serde_json::from_str(&text).with_context(|| format!("{key} is no JSON: {text}"))?;
+                Ok((key[under.len()..].to_string(), value))
+            })
+            .collect()
+    }
+}
+
+/// The gRPC requests etcd handled (`grpc_server_handled_total` of its
+/// `/metrics`), by method and answer code: every request that reached it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GrpcCounts(pub BTreeMap<(String, String), f64>);
+
+impl GrpcCounts {
+    pub fn parse(metrics: &str) -> GrpcCounts {
+        let mut counts = BTreeMap::new();
+        for line in metrics.lines() {
+            let Some(rest) = line.strip_prefix("grpc_server_handled_total{") else { continue };
+            let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
+            let Ok(value) = value.trim().parse::<f64>() else { continue };
+            let label = |name: &str| {
+                labels.split(',').find_map(|kv| kv.strip_prefix(&format!("{name}=\""))).map(|v| v.trim_end_matches('"').to_string()).unwrap_or_default()
+            };
+            *counts.entry((label("grpc_method"), label("grpc_code"))).or_insert(0.0) += value;
+        }
+        GrpcCounts(counts)
+    }
+
+    /// The counts of `self` minus those of `before` (an earlier scrape).
+    pub fn since(&self, before: &GrpcCounts) -> GrpcCounts {
+        GrpcCounts(
+            self.0
+                .iter()
+                .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0.0)))
+                .filter(|(_, v)| *v > 0.0)
+                .collect(),
+        )
+    }
+
+    pub fn add(&mut self, other: &GrpcCounts) {
+        for (k, v) in &other.0 {
+            *self.0.entry(k.clone()).or_insert(0.0) += v;
+        }
+    }
+
+    /// Requests that carry data: KV (Range, Txn, Put, ...) and Authenticate,
+    /// not the health checks and watches of etcd's own clients.
+    pub fn total(&self) -> f64 {
+        self.0.iter().filter(|((method, _), _)| is_data_method(method)).map(|(_, v)| v).fold(0.0, |a, b| a + b)
+    }
+
+    /// `Method code` → count, data requests only.
+    pub fn lines(&self) -> Vec<(String, f64)> {
+        self.0.iter().filter(|((method, _), _)| is_data_method(method)).map(|((method, code), v)| (format!("{method} {code}"), *v)).collect()
+    }
+}
+
+fn is_data_method(method: &str) -> bool {
+    matches!(method, "Range" | "Txn" | "Put" | "DeleteRange" | "Compact" | "Authenticate")
 }
 
 impl Drop for Etcd {

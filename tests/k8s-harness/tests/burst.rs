@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, address, contains, expect_all_ok, failure_summary, log_path, percentile,
+    Invocation, LogStats, check_held, expect_all_ok, failure_summary, log_path, percentile,
     pod_name, pool_entries, reservation_name, reservations_in, run_concurrently, run_one,
 };
 use thereabouts_k8s_harness::plugin::{
@@ -138,71 +138,19 @@ fn summary(what: &str, outcomes: &[Outcome], wall: Duration, stats: &LogStats) -
     )
 }
 
-/// Checks that every successful ADD of `outcomes` got exactly one address per
-/// range, that no address went to two of them, that each address's pool entry
-/// names the call's container, pod and interface, and that each address has one
-/// reservation held by that pod. Returns the addresses per range.
+/// [`check_held`] against the IPPools and reservations as the admin reads them.
 fn check_results(
     net: &Network,
     objects: &Objects,
     outcomes: &[&Outcome],
 ) -> Vec<BTreeMap<IpAddr, String>> {
-    let mut by_range: Vec<BTreeMap<IpAddr, String>> = vec![BTreeMap::new(); net.ranges.len()];
-    for o in outcomes {
-        let ips = o.ips();
-        assert_eq!(
-            ips.len(),
-            net.ranges.len(),
-            "one address per range: {}",
-            o.describe()
-        );
-        for ((ip, range), seen) in ips.iter().zip(&net.ranges).zip(by_range.iter_mut()) {
-            let a = address(ip);
-            assert!(
-                contains(range, a),
-                "{ip} is not in {range}: {}",
-                o.describe()
-            );
-            if let Some(other) = seen.insert(a, o.call.container_id.clone()) {
-                panic!(
-                    "{a} was handed out twice: to {other} and to {}",
-                    o.call.container_id
-                );
-            }
-        }
-    }
+    let entries: Vec<_> = net
+        .pools()
+        .iter()
+        .map(|(pool, range)| pool_entries(objects, pool, range).unwrap())
+        .collect();
     let reservations = reservations_in(objects, &net.ranges).unwrap();
-    for ((pool, range), seen) in net.pools().iter().zip(&by_range) {
-        let entries = pool_entries(objects, pool, range).unwrap();
-        for (a, cid) in seen {
-            let o = outcomes
-                .iter()
-                .find(|o| &o.call.container_id == cid)
-                .unwrap();
-            let e = entries
-                .get(a)
-                .unwrap_or_else(|| panic!("{a} of {cid} is not in IPPool {pool}"));
-            assert_eq!(
-                (e.id.as_str(), e.podref.as_str(), e.ifname.as_str()),
-                (
-                    cid.as_str(),
-                    format!("default/{}", pod_name(&o.call)).as_str(),
-                    "eth0"
-                ),
-                "IPPool {pool} entry {}",
-                e.key
-            );
-            let orip = reservations
-                .get(&reservation_name(*a))
-                .unwrap_or_else(|| panic!("no reservation for {a} of {cid}"));
-            assert_eq!(
-                orip["podref"],
-                format!("default/{}", pod_name(&o.call)),
-                "reservation of {a}"
-            );
-        }
-    }
-    by_range
+    check_held(&net.ranges, outcomes, &entries, &reservations)
 }
 
 /// ≥ 200 concurrent dual-stack ADD processes on one config, then all their DELs

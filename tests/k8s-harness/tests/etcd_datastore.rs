@@ -13,29 +13,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
-use thereabouts_k8s_harness::etcd::{Access, Etcd};
+use thereabouts_k8s_harness::etcd::{self, Access, Etcd};
 
 const POOLS: &str = "/thereabouts/pools/";
 const RESERVATIONS: &str = "/thereabouts/reservations/";
 
 /// A network config for the etcd datastore at `access`.
 fn etcd_conf(access: &Access, ranges: &[&str]) -> Value {
-    let mut ipam = json!({
-        "type": "thereabouts",
-        "datastore": "etcd",
-        "etcd_host": access.endpoint,
-        "ipRanges": ranges.iter().map(|r| json!({"range": r})).collect::<Vec<_>>(),
-    });
-    if let Some((user, password)) = &access.user {
-        ipam["etcd_username"] = json!(user);
-        ipam["etcd_password"] = json!(password);
-    }
-    if let Some((ca, cert, key)) = &access.tls {
-        ipam["etcd_ca_cert_file"] = json!(ca);
-        ipam["etcd_cert_file"] = json!(cert);
-        ipam["etcd_key_file"] = json!(key);
-    }
-    json!({"cniVersion": "1.1.0", "name": "thab-etcd", "type": "thab-etcd", "ipam": ipam})
+    etcd::etcd_conf(access, "thab-etcd", ranges)
 }
 
 /// Runs the plugin like a runtime would, with extra environment.

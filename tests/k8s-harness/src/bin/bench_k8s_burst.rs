@@ -54,7 +54,7 @@ use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::Cluster;
 use thereabouts_k8s_harness::burst::{
     Invocation, LogStats, Metrics, RequestCounts, address, children_cpu, failure_summary, log_path,
-    percentile, pool_entries, process_cpu, reservations_in, run_concurrently, run_one,
+    ms, per_call, percentile, pool_entries, process_cpu, reservations_in, run_concurrently, run_one,
 };
 use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf, with_debug_log};
 
@@ -352,19 +352,6 @@ impl Bench {
         }
         Ok(())
     }
-}
-
-fn ms(d: Duration) -> String {
-    let ms = d.as_secs_f64() * 1000.0;
-    if ms >= 100.0 {
-        format!("{ms:.0} ms")
-    } else {
-        format!("{ms:.1} ms")
-    }
-}
-
-fn per_call(value: f64, calls: usize) -> String {
-    format!("{:.2}", value / calls.max(1) as f64)
 }
 
 fn main() -> Result<()> {

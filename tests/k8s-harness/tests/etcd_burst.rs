@@ -1,0 +1,283 @@
+//! The etcd datastore under load and faults, against a real etcd (3.6, from
+//! tests/k8s-bins): the release `thereabouts` binary runs as a CNI plugin, one
+//! process per call, many at once (as if from many nodes: distinct container
+//! IDs and pods), all writing the same pool keys.
+//!
+//! * a burst of 200 concurrent dual-stack ADDs, then 200 concurrent DELs;
+//! * etcd killed (SIGKILL) in the middle of a burst of ADDs with a short deadline.
+//!
+//! Each call gets a generous deadline where the test checks correctness, not
+//! speed (the `bench_etcd_burst` binary measures speed). Each test has its own
+//! etcd and runs alone, whatever `--test-threads`: a burst of processes takes
+//! the machine's cores, and deadlines must not depend on the other test.
+//!
+//! Binary: `$THEREABOUTS_BIN`, else `target/release/thereabouts` (tests/k8s.sh builds it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
+use thereabouts_k8s_harness::burst::{
+    Invocation, LogStats, PoolEntry, check_held, expect_all_ok, failure_summary, log_path,
+    percentile, pod_name, reservation_name, run_concurrently, run_one,
+};
+use thereabouts_k8s_harness::etcd::{Etcd, etcd_conf};
+use thereabouts_k8s_harness::plugin::with_debug_log;
+
+/// The datastore's default `etcd_prefix`.
+const PREFIX: &str = "/thereabouts/";
+/// The plugin's budget where the tests check correctness, not speed.
+const GENEROUS: Duration = Duration::from_secs(120);
+/// The harness kills a call that runs this long (a hang).
+const WATCHDOG: Duration = Duration::from_secs(180);
+
+/// Held by each test for its whole run: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A dual-stack config for `ranges` on `etcd`; each call logs to its own file
+/// under `logs` (debug: every etcd request, every re-plan).
+struct Network<'a> {
+    etcd: &'a Etcd,
+    conf: Value,
+    ranges: Vec<&'static str>,
+    logs: TempDir,
+}
+
+impl<'a> Network<'a> {
+    fn new(etcd: &'a Etcd, name: &str, ranges: &[&'static str]) -> Network<'a> {
+        Network { etcd, conf: etcd_conf(etcd.access(), name, ranges), ranges: ranges.to_vec(), logs: TempDir::new(name) }
+    }
+
+    fn invocation(&self, command: &str, cid: &str, pod: &str, budget: Duration) -> Invocation {
+        let log = log_path(self.logs.path(), &format!("{}-{cid}", command.to_lowercase()));
+        Invocation::new(Call::pod(command, cid, pod), with_debug_log(self.conf.clone(), &log).to_string()).budget(budget)
+    }
+
+    /// ADDs (or DELs) for `pods` = (container ID, pod name).
+    fn calls(&self, command: &str, pods: &[(String, String)], budget: Duration) -> Vec<Invocation> {
+        pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod, budget)).collect()
+    }
+
+    fn log_stats(&self, command: &str, outcomes: &[Outcome]) -> LogStats {
+        let mut total = LogStats::default();
+        for o in outcomes {
+            total.add(&LogStats::read(&log_path(self.logs.path(), &format!("{}-{}", command.to_lowercase(), o.call.container_id))));
+        }
+        total
+    }
+
+    /// Pool names, in range order (the engine's naming: `192.0.2.0/24` → `192.0.2.0-24`).
+    fn pools(&self) -> Vec<(String, &'static str)> {
+        self.ranges.iter().map(|r| (r.replace([':', '/'], "-"), *r)).collect()
+    }
+
+    /// The entries of each range's pool key, in range order.
+    fn entries(&self) -> Vec<BTreeMap<IpAddr, PoolEntry>> {
+        self.pools().iter().map(|(pool, range)| self.etcd.pool_entries(PREFIX, pool, range).unwrap()).collect()
+    }
+
+    /// Every reservation key under the prefix (these tests use no other ranges).
+    fn reservations(&self) -> BTreeMap<String, Value> {
+        self.etcd.reservations(PREFIX).unwrap()
+    }
+
+    /// [`check_held`] against the pool and reservation keys as etcd's admin reads them.
+    fn check(&self, outcomes: &[&Outcome]) -> Vec<BTreeMap<IpAddr, String>> {
+        check_held(&self.ranges, outcomes, &self.entries(), &self.reservations())
+    }
+
+    /// The pool keys exist and are empty, and no reservation key is left.
+    fn check_empty(&self) {
+        for ((pool, _), entries) in self.pools().iter().zip(self.entries()) {
+            assert!(entries.is_empty(), "pool {pool} still holds {} entries: {entries:?}", entries.len());
+            assert!(self.etcd.get(&format!("{PREFIX}pools/{pool}")).unwrap().is_some(), "pool key {pool} is gone");
+        }
+        let left = self.reservations();
+        assert!(left.is_empty(), "{} reservation keys left: {left:?}", left.len());
+    }
+}
+
+fn pods(prefix: &str, n: usize) -> Vec<(String, String)> {
+    (0..n).map(|i| (format!("cid-{prefix}-{i:03}"), format!("{prefix}-{i:03}"))).collect()
+}
+
+fn summary(what: &str, outcomes: &[Outcome], wall: Duration, stats: &LogStats) -> String {
+    let times: Vec<Duration> = outcomes.iter().map(|o| o.elapsed).collect();
+    format!(
+        "{what}: {} calls in {wall:.2?} ({:.0}/s); p50 {:.0?} p99 {:.0?} max {:.0?}; {:.1} etcd requests and {:.2} re-plans per call (plugin logs)",
+        outcomes.len(),
+        outcomes.len() as f64 / wall.as_secs_f64(),
+        percentile(&times, 50.0),
+        percentile(&times, 99.0),
+        percentile(&times, 100.0),
+        stats.requests as f64 / outcomes.len() as f64,
+        stats.replans as f64 / outcomes.len() as f64,
+    )
+}
+
+/// ≥ 200 concurrent dual-stack ADD processes on one config, then all their DELs
+/// at once: every call succeeds, every pod has exactly one address per range and
+/// no address is held twice — in the CNI results and in the pool keys as etcd's
+/// admin reads them — with one reservation key per address; the DELs leave the
+/// pool keys empty and no reservation key behind.
+#[test]
+fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
+    const PODS: usize = 200;
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let etcd = Etcd::start_plain().expect("starting etcd");
+    let bin = thereabouts_bin();
+    let net = Network::new(&etcd, "etcd-burst200", &["192.0.2.0/24", "2001:db8:90::/64"]);
+    let pods = pods("burst", PODS);
+
+    let started = Instant::now();
+    let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), WATCHDOG, None);
+    let wall = started.elapsed();
+    eprintln!("{}", summary("burst ADD", &adds, wall, &net.log_stats("ADD", &adds)));
+    expect_all_ok(&adds, "concurrent ADD");
+    let all: Vec<&Outcome> = adds.iter().collect();
+    let held = net.check(&all);
+    // Nothing else in the pools, and nothing but these reservations.
+    for (((pool, _), entries), seen) in net.pools().iter().zip(net.entries()).zip(&held) {
+        assert_eq!(entries.len(), PODS, "pool {pool} holds {PODS} entries");
+        assert_eq!(entries.keys().collect::<BTreeSet<_>>(), seen.keys().collect(), "{pool}");
+    }
+    let reservations = net.reservations();
+    let expected: BTreeSet<String> = held.iter().flat_map(|m| m.keys().map(|a| reservation_name(*a))).collect();
+    assert_eq!(reservations.keys().cloned().collect::<BTreeSet<_>>(), expected, "one reservation key per address, no other");
+
+    let started = Instant::now();
+    let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), WATCHDOG, None);
+    let wall = started.elapsed();
+    eprintln!("{}", summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels)));
+    expect_all_ok(&dels, "concurrent DEL");
+    net.check_empty();
+}
+
+/// etcd is killed (SIGKILL) while 100 ADDs with a 5 s deadline run, once some
+/// have succeeded. Every ADD succeeds or answers CNI code 11 (try again later),
+/// and none takes longer than its deadline plus a little (process start on a
+/// busy machine). After etcd restarts on the same data: every successful pod's
+/// addresses are in the pools, unique and reserved; a failed pod holds either
+/// nothing or all it asked for (a multi-range ADD is one transaction; its answer
+/// may have been lost), never one range without the other or an entry without
+/// its reservation; the DEL the runtime sends for each failed pod succeeds and
+/// leaves no entry and no reservation key of it; then everything can be released.
+#[test]
+fn etcd_killed_during_a_burst_leaves_no_partial_allocation() {
+    const PODS: usize = 100;
+    const DEADLINE: Duration = Duration::from_secs(5);
+    // Process start and teardown on two busy cores.
+    const SLACK: Duration = Duration::from_secs(2);
+    // Kill once this many ADDs have succeeded, or at KILL_AT at the latest.
+    const KILL_AFTER: usize = 10;
+    const KILL_AT: Duration = Duration::from_secs(4);
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let etcd = Etcd::start_plain().expect("starting etcd");
+    let bin = thereabouts_bin();
+    let net = Network::new(&etcd, "etcd-fault", &["198.51.100.0/24", "2001:db8:91::/64"]);
+    // The pools exist before the burst, as in a running cluster.
+    let warm = run_one(&bin, &net.invocation("ADD", "cid-warm", "warm", GENEROUS), WATCHDOG);
+    warm.expect_ok("ADD before the burst");
+
+    let pods = pods("fault", PODS);
+    let succeeded = AtomicUsize::new(0);
+    let killing = AtomicBool::new(false);
+    let failed_in_outage = AtomicUsize::new(0);
+    let count = |o: &Outcome| {
+        if o.ok() {
+            succeeded.fetch_add(1, Ordering::SeqCst);
+        } else if killing.load(Ordering::SeqCst) {
+            failed_in_outage.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    let started = Instant::now();
+    let (adds, killed_at) = std::thread::scope(|scope| {
+        let killer = scope.spawn(|| {
+            while succeeded.load(Ordering::SeqCst) < KILL_AFTER && started.elapsed() < KILL_AT {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let at = (started.elapsed(), succeeded.load(Ordering::SeqCst));
+            killing.store(true, Ordering::SeqCst);
+            etcd.kill();
+            at
+        });
+        let adds = run_concurrently(&bin, &net.calls("ADD", &pods, DEADLINE), WATCHDOG, Some(&count));
+        (adds, killer.join().unwrap())
+    });
+    let wall = started.elapsed();
+    let (ok, failed): (Vec<&Outcome>, Vec<&Outcome>) = adds.iter().partition(|o| o.ok());
+    let slowest = adds.iter().map(|o| o.elapsed).max().unwrap();
+    eprintln!(
+        "{}\netcd killed {:.2?} after the start, with {} ADDs succeeded; in the end {} succeeded, {} failed ({} of them after the kill); slowest {slowest:.2?}",
+        summary("ADD during the outage", &adds, wall, &net.log_stats("ADD", &adds)),
+        killed_at.0,
+        killed_at.1,
+        ok.len(),
+        failed.len(),
+        failed_in_outage.load(Ordering::SeqCst),
+    );
+    eprintln!("failed ADDs by message:");
+    for (n, m) in failure_summary(&adds) {
+        eprintln!("  {n} × {m}");
+    }
+    for o in &failed {
+        let e = o.expect_cni_error("ADD during the outage");
+        assert_eq!(e["code"], 11, "only 'try again later': {}", o.describe());
+    }
+    for o in &adds {
+        assert!(o.elapsed <= DEADLINE + SLACK, "answered after {:.2?} (deadline {DEADLINE:?}): {}", o.elapsed, o.describe());
+    }
+    let outage = failed_in_outage.load(Ordering::SeqCst);
+    assert!(!ok.is_empty() && outage > 0, "the outage must hit the burst partway: {} succeeded, {outage} failed after the kill", ok.len());
+
+    etcd.restart().expect("restarting etcd on the same data");
+    let mut holders: Vec<&Outcome> = ok.clone();
+    holders.push(&warm);
+    net.check(&holders);
+    // A failed pod holds all of its ADD (a transaction whose answer was lost)
+    // or nothing: never one range without the other, never an entry without
+    // its reservation key or a reservation key without its entry.
+    let succeeded: BTreeSet<&str> = holders.iter().map(|o| o.call.container_id.as_str()).collect();
+    let failed_cids: BTreeSet<&str> = failed.iter().map(|o| o.call.container_id.as_str()).collect();
+    let failed_pods: BTreeSet<String> = failed.iter().map(|o| format!("default/{}", pod_name(&o.call))).collect();
+    let entries = net.entries();
+    let reservations = net.reservations();
+    let mut whole = 0;
+    for cid in &failed_cids {
+        let held: Vec<&PoolEntry> = entries.iter().flat_map(|m| m.values()).filter(|e| e.id == *cid).collect();
+        let reserved: BTreeSet<String> = reservations.iter().filter(|(_, v)| v["containerid"] == *cid).map(|(n, _)| n.clone()).collect();
+        let addresses: BTreeSet<String> = held.iter().map(|e| reservation_name(e.address)).collect();
+        assert!(held.is_empty() || held.len() == net.ranges.len(), "{cid} holds {} of {} ranges: {held:?}", held.len(), net.ranges.len());
+        assert_eq!(reserved, addresses, "{cid}: reservation keys and pool entries differ");
+        whole += usize::from(!held.is_empty());
+    }
+    for (pool, m) in net.pools().iter().zip(&entries) {
+        for e in m.values() {
+            assert!(succeeded.contains(e.id.as_str()) || failed_cids.contains(e.id.as_str()), "pool {}: entry of nobody's ADD: {e:?}", pool.0);
+        }
+    }
+    eprintln!("after the restart: {whole} failed ADDs had landed whole (answer lost), the others left nothing");
+
+    // The runtime's DEL for each failed ADD removes whatever it left.
+    let failed_list: Vec<(String, String)> = failed.iter().map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string())).collect();
+    let dels = run_concurrently(&bin, &net.calls("DEL", &failed_list, GENEROUS), WATCHDOG, None);
+    expect_all_ok(&dels, "DEL of a failed ADD");
+    for ((pool, _), m) in net.pools().iter().zip(net.entries()) {
+        let stale: Vec<_> = m.values().filter(|e| failed_cids.contains(e.id.as_str())).collect();
+        assert!(stale.is_empty(), "pool {pool}: entries of failed ADDs after their DEL: {stale:?}");
+        assert_eq!(m.len(), holders.len(), "pool {pool}: exactly the successful pods' entries");
+    }
+    let stale: Vec<(String, Value)> = net.reservations().into_iter().filter(|(_, v)| failed_pods.contains(v["podref"].as_str().unwrap_or_default())).collect();
+    assert!(stale.is_empty(), "reservation keys of failed ADDs after their DEL: {stale:?}");
+    net.check(&holders);
+
+    // And the datastore carries on: the successful pods are released too.
+    let holder_pods: Vec<(String, String)> = holders.iter().map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string())).collect();
+    let dels = run_concurrently(&bin, &net.calls("DEL", &holder_pods, GENEROUS), WATCHDOG, None);
+    expect_all_ok(&dels, "DEL after the outage");
+    net.check_empty();
+}
