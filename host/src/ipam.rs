@@ -12,7 +12,6 @@ use thereabouts_allocator::model::{Allocation, Assignment, NormalizedConfig, Nor
 
 use crate::cni::error::{CniError, code};
 use crate::component::EngineComponent;
-use crate::datastore::retry::Backoff;
 use crate::datastore::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate};
 use crate::network_config::engine_failure;
 
@@ -93,7 +92,7 @@ fn commit_loop<T>(
     what: &str,
     mut attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), CniError>,
 ) -> Result<T, CniError> {
-    let mut backoff = Backoff::new();
+    let mut backoff = store.conflict_backoff();
     let mut conflicts = 0u32;
     loop {
         // Taken anew for every attempt: a pool that did not exist at the first

@@ -251,6 +251,12 @@ pub trait Datastore {
         Ok(UpdateLock::none())
     }
 
+    /// The pauses between attempts after a failed compare-and-swap
+    /// ([`DatastoreError::Conflict`]). Default: [`retry::Backoff::new`].
+    fn conflict_backoff(&self) -> retry::Backoff {
+        retry::Backoff::new()
+    }
+
     /// Whether the store keeps cluster-wide address reservations
     /// ([`Change::Reserve`], [`Change::Unreserve`]); callers skip computing them
     /// for stores that do not.

@@ -717,6 +717,8 @@ pub fn etcd_requests(log_text: &str) -> Vec<String> {
 fn etcd_target(action: &str) -> &'static str {
     if action.starts_with("connecting") {
         "etcd connect"
+    } else if action.starts_with("reading pool keys") {
+        "etcd GET pool keys (txn)"
     } else if action.starts_with("reading pool key") {
         "etcd GET pool key"
     } else if action.starts_with("committing") {

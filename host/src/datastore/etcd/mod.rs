@@ -8,8 +8,10 @@
 //!   reserved address (only with `enable_overlapping_ranges`, the default).
 //!   Prefix: `etcd_prefix`, default `/thereabouts/`. Not whereabouts' old
 //!   (v0.5) etcd layout, which had no pod references and took a lock per call.
-//! - [`load`](Datastore::load): one GET of the pool key; the version is its
-//!   `mod_revision`, absent = empty pool.
+//! - [`load`](Datastore::load): one GET of the pool key, or for a multi-range
+//!   call the read of all its pool keys in one transaction at the start of each
+//!   attempt ([`lock_for_update`](Datastore::lock_for_update)); the version is
+//!   its `mod_revision`, absent = empty pool.
 //! - [`commit`](Datastore::commit): one transaction for every pool of the call
 //!   ([`txn`]): each pool key guarded by the `mod_revision` read (absent:
 //!   `create_revision == 0`), each new reservation key guarded absent. Either all
@@ -22,7 +24,8 @@
 //!   reservation is older than the pool as read, a conflict when it is newer).
 //!   A removed entry's reservation is deleted in the same transaction, guarded by
 //!   its `mod_revision`, when it is still the entry's attachment's.
-//! - Uncontended ADD: per range one GET, then one transaction for all ranges
+//! - Uncontended ADD: one read of the pool keys (a GET for one range, a
+//!   read-only transaction for several), then one transaction for all ranges
 //!   (plus one read of the reservation keys with `enable_overlapping_ranges`).
 //! - Failures: unreachable, timed out, no leader are [`DatastoreError::EtcdUnavailable`]
 //!   (CNI code 11). A commit that timed out may still have landed: the runtime's
@@ -63,6 +66,17 @@ use txn::{CommitTxn, Guard, Reads, Refusal, StoredReservation, Write};
 /// Longest wait for one answer (or for connecting), whatever the call's budget.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Pauses after a conflict: from [`FIRST_CONFLICT_PAUSE`] doubling up to
+/// [`MAX_CONFLICT_PAUSE`] (jittered). Every writer of a pool competes for one
+/// key, and a failed attempt costs a read of each pool and the reservation
+/// keys, a transaction and the planning: with the default ceiling (250 ms)
+/// 200 plugins starting at once keep trying hundreds of times a second for a
+/// few dozen commits a second, and the failed attempts take the CPU the
+/// successful ones need (bench_etcd_burst: ~12 re-plans per burst ADD). A
+/// longer ceiling spreads the losers out.
+const FIRST_CONFLICT_PAUSE: Duration = Duration::from_millis(10);
+const MAX_CONFLICT_PAUSE: Duration = Duration::from_secs(1);
+
 pub struct EtcdStore {
     runtime: tokio::runtime::Runtime,
     settings: Settings,
@@ -80,6 +94,10 @@ pub struct EtcdStore {
     read_revisions: Mutex<HashMap<String, i64>>,
     /// Offsets found reserved by others, per pool name.
     reserved: Mutex<HashMap<String, BTreeSet<u128>>>,
+    /// Pool keys read together at the start of an attempt
+    /// ([`lock_for_update`](Datastore::lock_for_update)), by pool name, each
+    /// handed to the attempt's next [`load`](Datastore::load) once.
+    prefetched: Mutex<HashMap<String, Pool>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -105,6 +123,7 @@ impl EtcdStore {
             pools: Mutex::default(),
             read_revisions: Mutex::default(),
             reserved: Mutex::default(),
+            prefetched: Mutex::default(),
         })
     }
 
@@ -189,6 +208,39 @@ impl EtcdStore {
         Ok(client)
     }
 
+    /// Records a pool key as read at store revision `read_revision` (`kv`
+    /// None: absent) and returns the pool: the value a commit changes, and the
+    /// revision that tells an overlapping range's reservation from a racer's.
+    fn remember(&self, name: &str, key: &str, kv: Option<&etcd_client::KeyValue>, read_revision: i64) -> Result<Pool, DatastoreError> {
+        lock(&self.read_revisions).insert(name.to_string(), read_revision);
+        let Some(kv) = kv else {
+            lock(&self.pools).remove(name);
+            return Ok(Pool::default());
+        };
+        let value = PoolValue::decode(kv.value()).map_err(|detail| DatastoreError::Malformed { object: format!("etcd key {key}"), detail })?;
+        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries() };
+        lock(&self.pools).insert(name.to_string(), value);
+        Ok(loaded)
+    }
+
+    /// Every pool key of `pools` in one read-only transaction (one round trip
+    /// instead of one per range: under a burst every attempt pays it).
+    fn read_pools(&self, pools: &[PoolId], deadline: Instant) -> Result<(), DatastoreError> {
+        let mut client = self.client(deadline)?;
+        let keys: Vec<String> = pools.iter().map(|p| self.layout.pool_key(&p.name)).collect();
+        let gets: Vec<TxnOp> = keys.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+        let action = format!("reading pool keys {} in one transaction", keys.join(", "));
+        let response = self.bounded(&action, deadline, client.txn(Txn::new().and_then(gets)))?;
+        let read_revision = response.header().map(|h| h.revision()).unwrap_or(0);
+        let mut read = HashMap::new();
+        for ((pool, key), op) in pools.iter().zip(&keys).zip(response.op_responses()) {
+            let TxnOpResponse::Get(get) = op else { continue };
+            read.insert(pool.name.clone(), self.remember(&pool.name, key, get.kvs().first(), read_revision)?);
+        }
+        *lock(&self.prefetched) = read;
+        Ok(())
+    }
+
     /// The reservation keys `names`, in one read-only transaction.
     fn read_reservations(&self, names: &[String], deadline: Instant) -> Result<HashMap<String, Option<StoredReservation>>, DatastoreError> {
         let mut client = self.client(deadline)?;
@@ -242,20 +294,15 @@ impl Datastore for EtcdStore {
     }
 
     fn load(&self, pool: &PoolId) -> Result<Pool, DatastoreError> {
+        if let Some(read) = lock(&self.prefetched).remove(&pool.name) {
+            return Ok(read);
+        }
         let deadline = self.deadline();
         let mut client = self.client(deadline)?;
         let key = self.layout.pool_key(&pool.name);
         let response = self.bounded(&format!("reading pool key {key}"), deadline, client.get(key.clone(), None))?;
         let read_revision = response.header().map(|h| h.revision()).unwrap_or(0);
-        lock(&self.read_revisions).insert(pool.name.clone(), read_revision);
-        let Some(kv) = response.kvs().first() else {
-            lock(&self.pools).remove(&pool.name);
-            return Ok(Pool::default());
-        };
-        let value = PoolValue::decode(kv.value()).map_err(|detail| DatastoreError::Malformed { object: format!("etcd key {key}"), detail })?;
-        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries() };
-        lock(&self.pools).insert(pool.name.clone(), value);
-        Ok(loaded)
+        self.remember(&pool.name, &key, response.kvs().first(), read_revision)
     }
 
     fn commit(&self, updates: &[PoolUpdate], deadline: Instant) -> Result<(), DatastoreError> {
@@ -297,14 +344,23 @@ impl Datastore for EtcdStore {
         self.bounded(&format!("reading under {prefix}"), deadline, client.get(prefix.clone(), Some(options))).map(|_| ())
     }
 
-    /// No lock (CAS alone); records the call's deadline for the loads that follow.
-    fn lock_for_update(&self, _pools: &[PoolId], deadline: Instant) -> Result<UpdateLock, DatastoreError> {
+    /// No lock (CAS alone); records the call's deadline for the loads that
+    /// follow, and reads the pool keys of a multi-range call together for them.
+    fn lock_for_update(&self, pools: &[PoolId], deadline: Instant) -> Result<UpdateLock, DatastoreError> {
         self.set_deadline(deadline);
+        lock(&self.prefetched).clear();
+        if pools.len() > 1 {
+            self.read_pools(pools, deadline)?;
+        }
         Ok(UpdateLock::none())
     }
 
     fn keeps_reservations(&self) -> bool {
         true
+    }
+
+    fn conflict_backoff(&self) -> retry::Backoff {
+        retry::Backoff::between(FIRST_CONFLICT_PAUSE, MAX_CONFLICT_PAUSE)
     }
 
     fn reserved(&self, pool: &PoolId) -> Vec<u128> {
