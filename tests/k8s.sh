@@ -2,7 +2,7 @@
 # Kubernetes and etcd tests: builds (or reuses from the cache outside the clone) a
 # real kube-apiserver and etcd from the Go module proxy, then runs the tests that
 # start them through the Rust harness (tests/k8s-harness), the etcd datastore's
-# included (tests/etcd_datastore.rs). Needs Go >= 1.26.
+# included (tests/etcd_datastore.rs, tests/etcd_burst.rs). Needs Go >= 1.26.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v go >/dev/null 2>&1 || {
@@ -15,7 +15,7 @@ echo "kube-apiserver and etcd: $bins"
 export THEREABOUTS_K8S_BINS="$bins"
 # The Rust target and the build's Debian packages (C toolchain, protoc), when missing.
 source scripts/setup-rust.sh
-# tests/datastore.rs and tests/etcd_datastore.rs run the release plugin binary as a CNI process.
+# tests/datastore.rs, tests/burst.rs and the etcd tests run the release plugin binary as a CNI process.
 cargo build --release -q -p thereabouts
 # A control plane costs ~0.5 GB RSS and a few seconds of CPU (tests start their
 # own, or share one per test file): keep the parallelism modest on small machines.
