@@ -6,13 +6,13 @@
 //!
 //! Binary: `$THEREABOUTS_BIN`, else `target/release/thereabouts` (tests/k8s.sh builds it).
 
-use std::io::Write;
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
+use thereabouts_k8s_harness::burst::{Invocation, run_one};
 use thereabouts_k8s_harness::etcd::{self, Access, Etcd};
 
 const POOLS: &str = "/thereabouts/pools/";
@@ -23,36 +23,11 @@ fn etcd_conf(access: &Access, ranges: &[&str]) -> Value {
     etcd::etcd_conf(access, "thab-etcd", ranges)
 }
 
-/// Runs the plugin like a runtime would, with extra environment.
+/// Runs the plugin like a runtime would, with extra environment; killed if it
+/// outlives every budget these tests give it.
 fn run(call: &Call, stdin: &str, env: &[(&str, &str)]) -> Outcome {
-    let started = Instant::now();
-    let mut command = Command::new(thereabouts_bin());
-    command
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", &call.command)
-        .env("CNI_CONTAINERID", &call.container_id)
-        .env("CNI_NETNS", &call.netns)
-        .env("CNI_IFNAME", &call.ifname)
-        .env("CNI_ARGS", &call.cni_args)
-        .env("CNI_PATH", &call.cni_path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let mut child = command.spawn().expect("spawning thereabouts");
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    Outcome {
-        call: call.clone(),
-        status: out.status,
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        elapsed: started.elapsed(),
-        timed_out: false,
-    }
+    let invocation = env.iter().fold(Invocation::new(call.clone(), stdin), |i, (k, v)| i.env(k, v));
+    run_one(&thereabouts_bin(), &invocation, Duration::from_secs(180))
 }
 
 fn add(conf: &Value, cid: &str, pod: &str) -> Outcome {
