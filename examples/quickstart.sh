@@ -7,9 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-source scripts/setup-rust.sh
-cargo build --release -p thereabouts
-plugin="$PWD/target/release/thereabouts"
+# The plugin as it ships: a static executable (scripts/build-plugin.sh).
+plugin="$(bash scripts/build-plugin.sh)"
 
 work="$(mktemp -d -t thereabouts-quickstart.XXXXXX)"
 trap 'rm -rf "$work"' EXIT

@@ -6,7 +6,7 @@
 # Needs root (network namespaces). Quiet on success apart from the measured
 # figures and cargo's result lines; prints the whole log and exits non-zero on failure.
 # The benchmark against host-local is separate (not a test):
-#   cargo build --release -p thereabouts -p thereabouts-e2e && target/release/bench_host_local
+#   bash scripts/build-plugin.sh && cargo build --release -p thereabouts-e2e && target/release/bench_host_local
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,8 +20,8 @@ if ((${#need[@]})); then
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-source scripts/setup-rust.sh
-cargo build --release -q -p thereabouts
+# The plugin as it ships (static musl build) at target/plugin/thereabouts.
+bash scripts/build-plugin.sh -q >/dev/null
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -15,8 +15,9 @@ echo "kube-apiserver and etcd: $bins"
 export THEREABOUTS_K8S_BINS="$bins"
 # The Rust target and the build's Debian packages (C toolchain, protoc), when missing.
 source scripts/setup-rust.sh
-# tests/datastore.rs, tests/burst.rs and the etcd tests run the release plugin binary as a CNI process.
-cargo build --release -q -p thereabouts
+# tests/datastore.rs, tests/burst.rs and the etcd tests run the shipped plugin binary
+# (target/plugin/thereabouts, the static build) as a CNI process.
+bash scripts/build-plugin.sh -q >/dev/null
 # A control plane costs ~0.5 GB RSS and a few seconds of CPU (tests start their
 # own, or share one per test file): keep the parallelism modest on small machines.
 cargo test -p thereabouts-k8s-harness -- --test-threads="${K8S_TEST_THREADS:-2}"

@@ -3,6 +3,11 @@
 
 use clap::Parser;
 
+/// See host/Cargo.toml: musl's allocator returns memory to the kernel eagerly.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 fn main() -> std::process::ExitCode {
     if std::env::var_os("CNI_COMMAND").is_some() {
         let status = thereabouts::cni::run();

@@ -60,6 +60,10 @@ pub fn execute(env: &CniEnv, stdin: &str) -> Result<Option<String>, CniError> {
         micros(engine_loaded, configured),
         micros(configured, Instant::now())
     ));
+    // The process ends right after the result is written: tearing the engine
+    // down (unmapping its memory, re-protecting its code, freeing its tables)
+    // would only delay that, by ~0.2 ms of a ~1.2 ms call (measured).
+    std::mem::forget(engine);
     outcome
 }
 

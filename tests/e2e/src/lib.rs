@@ -30,20 +30,21 @@ pub fn workspace_root() -> PathBuf {
         .expect("workspace root")
 }
 
-/// Path of the release `thereabouts` binary: `$THEREABOUTS_BIN`, else
-/// `$CARGO_TARGET_DIR/release/thereabouts`, else `<workspace>/target/release/thereabouts`.
+/// Path of the shipped `thereabouts` binary (the static build of
+/// scripts/build-plugin.sh): `$THEREABOUTS_BIN`, else
+/// `$CARGO_TARGET_DIR/plugin/thereabouts`, else `<workspace>/target/plugin/thereabouts`.
 /// Panics with a clear message when it is missing or does not answer `CNI_COMMAND=VERSION`.
 pub fn thereabouts_bin() -> PathBuf {
     let path = if let Some(p) = std::env::var_os("THEREABOUTS_BIN") {
         PathBuf::from(p)
     } else if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
-        PathBuf::from(t).join("release/thereabouts")
+        PathBuf::from(t).join("plugin/thereabouts")
     } else {
-        workspace_root().join("target/release/thereabouts")
+        workspace_root().join("target/plugin/thereabouts")
     };
     assert!(
         path.is_file(),
-        "release binary {} not found: run `cargo build --release -p thereabouts` first (or set THEREABOUTS_BIN)",
+        "plugin binary {} not found: run `bash scripts/build-plugin.sh` first (or set THEREABOUTS_BIN)",
         path.display()
     );
     let out = Command::new(&path)

@@ -13,7 +13,7 @@
 //! takes the machine's cores, and the tests' outcomes (deadlines, a whole burst
 //! finishing within its budget) must not depend on each other.
 //!
-//! Binary: `$THEREABOUTS_BIN`, else `target/release/thereabouts` (tests/k8s.sh builds it).
+//! Binary: `$THEREABOUTS_BIN`, else `target/plugin/thereabouts` (tests/k8s.sh builds it with scripts/build-plugin.sh).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;

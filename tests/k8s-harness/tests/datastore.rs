@@ -8,7 +8,7 @@
 //! (and namespace, where it changes RBAC), so their pools and reservations never
 //! meet. The test that stops the apiserver has a private one.
 //!
-//! Binary: `$THEREABOUTS_BIN`, else `target/release/thereabouts` (tests/k8s.sh builds it).
+//! Binary: `$THEREABOUTS_BIN`, else `target/plugin/thereabouts` (tests/k8s.sh builds it with scripts/build-plugin.sh).
 
 use std::io::Write;
 use std::net::TcpListener;

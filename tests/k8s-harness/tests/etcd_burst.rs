@@ -11,7 +11,7 @@
 //! etcd and runs alone, whatever `--test-threads`: a burst of processes takes
 //! the machine's cores, and deadlines must not depend on the other test.
 //!
-//! Binary: `$THEREABOUTS_BIN`, else `target/release/thereabouts` (tests/k8s.sh builds it).
+//! Binary: `$THEREABOUTS_BIN`, else `target/plugin/thereabouts` (tests/k8s.sh builds it with scripts/build-plugin.sh).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

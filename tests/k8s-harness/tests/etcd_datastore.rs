@@ -4,7 +4,7 @@
 //! etcd (about a second), plain or secured (TLS with client certificates, and
 //! auth with a plugin user limited to `/thereabouts/`).
 //!
-//! Binary: `$THEREABOUTS_BIN`, else `target/release/thereabouts` (tests/k8s.sh builds it).
+//! Binary: `$THEREABOUTS_BIN`, else `target/plugin/thereabouts` (tests/k8s.sh builds it with scripts/build-plugin.sh).
 
 use std::net::TcpListener;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! `2001:db8:90::/64`, documentation ranges). The same shape as `bench_k8s_burst`.
 //!
 //! ```sh
-//! cargo build --release -p thereabouts
+//! bash scripts/build-plugin.sh
 //! THEREABOUTS_K8S_BINS=$(bash tests/k8s-bins/build.sh) \
 //!   cargo run --release -p thereabouts-k8s-harness --bin bench_etcd_burst -- --pods 200 --rounds 3
 //! ```

@@ -5,7 +5,7 @@
 //! `192.0.2.0/24` + `2001:db8:90::/64`, documentation ranges).
 //!
 //! ```sh
-//! cargo build --release -p thereabouts
+//! bash scripts/build-plugin.sh
 //! THEREABOUTS_K8S_BINS=$(bash tests/k8s-bins/build.sh) \
 //!   cargo run --release -p thereabouts-k8s-harness --bin bench_k8s_burst -- --pods 200 --rounds 3
 //! ```
