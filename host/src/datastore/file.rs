@@ -24,7 +24,8 @@
 //! releases the entries in every pool) or retries the ADD (which finds and reuses
 //! the partial entries, keyed by pod and interface); GC removes them otherwise.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -33,7 +34,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde_json::{Map, Value};
+use serde::{Deserialize, Serialize};
 use thereabouts_allocator::model::Allocation;
 
 use super::pool_file;
@@ -47,6 +48,12 @@ struct OnDisk {
     version: u64,
 }
 
+impl OnDisk {
+    fn try_clone(&self) -> std::io::Result<OnDisk> {
+        Ok(OnDisk { file: self.file.try_clone()?, ..*self })
+    }
+}
+
 /// How a commit writes one pool.
 enum PoolWrite {
     /// Into the spare slot of the existing file.
@@ -57,15 +64,37 @@ enum PoolWrite {
 
 pub struct FileStore {
     dir: PathBuf,
-    /// Pools whose lock this process holds through `lock_for_update`; `commit`
-    /// must not take them again (a second `flock` on a new descriptor of the same
-    /// file would wait for ourselves).
-    held: Arc<Mutex<BTreeSet<String>>>,
+    held: Arc<Mutex<HeldState>>,
 }
+
+/// Pools whose lock this process holds through `lock_for_update`, each with the
+/// version `load` read under that lock. `commit` must not take those locks again
+/// (a second `flock` on a new descriptor of the same file would wait for
+/// ourselves), and need not read those pools again: nobody else can have
+/// written them since.
+type HeldState = BTreeMap<String, Option<(OnDisk, Pool)>>;
 
 impl FileStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into(), held: Arc::default() }
+    }
+
+    /// Keeps what `load` read of a pool whose lock we hold, for `commit`.
+    fn remember_if_held(&self, name: &str, read: &Option<(OnDisk, Pool)>) -> Result<(), DatastoreError> {
+        let Ok(mut held) = self.held.lock() else { return Ok(()) };
+        if let Some(slot) = held.get_mut(name) {
+            *slot = match read {
+                Some((disk, pool)) => Some((disk.try_clone().map_err(|e| DatastoreError::io(self.pool_path(name), e))?, pool.clone())),
+                None => None,
+            };
+        }
+        Ok(())
+    }
+
+    /// What `load` read under our lock of this pool, if anything (taken: a
+    /// commit uses it once).
+    fn take_remembered(&self, name: &str) -> Option<(OnDisk, Pool)> {
+        self.held.lock().ok()?.get_mut(name)?.take()
     }
 
     pub fn dir(&self) -> &Path {
@@ -130,9 +159,6 @@ impl FileStore {
         }
     }
 
-    fn read_pool(&self, pool: &PoolId) -> Result<Pool, DatastoreError> {
-        Ok(self.read_on_disk(pool)?.map(|(_, pool)| pool).unwrap_or_default())
-    }
 
     /// The pool's newest intact version and where it lies; `None` if the pool
     /// has no file yet.
@@ -191,7 +217,9 @@ impl Datastore for FileStore {
         if !self.dir_exists()? {
             return Ok(Pool::default());
         }
-        self.read_pool(pool)
+        let read = self.read_on_disk(pool)?;
+        self.remember_if_held(&pool.name, &read)?;
+        Ok(read.map(|(_, pool)| pool).unwrap_or_default())
     }
 
     fn commit(&self, updates: &[PoolUpdate], deadline: Instant) -> Result<(), DatastoreError> {
@@ -205,7 +233,7 @@ impl Datastore for FileStore {
             return Err(DatastoreError::Inconsistent { pool: order[0].pool.name.clone(), detail: "one commit updates the same pool twice".into() });
         }
         // Held until the end of the function: every rename happens under every lock.
-        let already_held = self.held.lock().map(|h| h.clone()).unwrap_or_default();
+        let already_held: Vec<String> = self.held.lock().map(|h| h.keys().cloned().collect()).unwrap_or_default();
         let _locks = order
             .iter()
             .filter(|u| !already_held.contains(&u.pool.name))
@@ -216,7 +244,10 @@ impl Datastore for FileStore {
         // pool, so a failure up to here leaves every pool as it was.
         let mut writes = Vec::with_capacity(order.len());
         for update in &order {
-            let current = self.read_on_disk(&update.pool)?;
+            let current = match self.take_remembered(&update.pool.name) {
+                Some(read) => Some(read),
+                None => self.read_on_disk(&update.pool)?,
+            };
             let version = current.as_ref().map(|(_, pool)| pool.version.clone()).unwrap_or_default();
             if version != update.expected {
                 return Err(DatastoreError::Conflict { pool: update.pool.name.clone() });
@@ -269,7 +300,7 @@ impl Datastore for FileStore {
         let files = names.iter().map(|n| self.lock(n, deadline)).collect::<Result<Vec<_>, _>>()?;
         let guard = HeldPools { names: names.iter().map(|n| n.to_string()).collect(), held: Arc::clone(&self.held), _files: files };
         if let Ok(mut held) = self.held.lock() {
-            held.extend(guard.names.iter().cloned());
+            held.extend(guard.names.iter().map(|n| (n.clone(), None)));
         }
         Ok(UpdateLock::holding(guard))
     }
@@ -287,7 +318,7 @@ impl Datastore for FileStore {
 /// Pool locks taken by `lock_for_update`: released (and forgotten) on drop.
 struct HeldPools {
     names: Vec<String>,
-    held: Arc<Mutex<BTreeSet<String>>>,
+    held: Arc<Mutex<HeldState>>,
     _files: Vec<File>,
 }
 
@@ -326,40 +357,48 @@ fn apply(pool: &str, entries: Vec<Allocation>, changes: &[Change]) -> Result<BTr
     Ok(by_offset)
 }
 
+/// A pool as stored: the `IPPool` spec shape, `{"range": ..., "allocations":
+/// {"<decimal offset>": {"id", "podref", "ifname"}}}`, keys in numeric order.
+/// Typed (strings borrowed from the file where they need no unescaping) rather
+/// than a `serde_json::Value`: a DEL of a 100-entry pool spent most of its time
+/// building and hashing generic maps.
+#[derive(Serialize, Deserialize)]
+struct PoolDoc<'a> {
+    #[serde(borrow)]
+    range: Cow<'a, str>,
+    #[serde(borrow, default)]
+    allocations: BTreeMap<u128, EntryDoc<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct EntryDoc<'a> {
+    #[serde(borrow, default)]
+    id: Cow<'a, str>,
+    #[serde(borrow, default)]
+    podref: Cow<'a, str>,
+    #[serde(borrow, default)]
+    ifname: Cow<'a, str>,
+}
+
 fn encode(pool: &PoolId, entries: &BTreeMap<u128, Allocation>) -> Vec<u8> {
-    let allocations: Map<String, Value> = entries
-        .values()
-        .map(|a| {
-            let mut entry = Map::new();
-            entry.insert("id".into(), Value::from(a.container_id.as_str()));
-            entry.insert("podref".into(), Value::from(a.pod_ref.as_str()));
-            entry.insert("ifname".into(), Value::from(a.ifname.as_str()));
-            (a.offset.to_string(), Value::Object(entry))
-        })
+    let allocations = entries
+        .iter()
+        .map(|(&offset, a)| (offset, EntryDoc { id: Cow::Borrowed(&a.container_id), podref: Cow::Borrowed(&a.pod_ref), ifname: Cow::Borrowed(&a.ifname) }))
         .collect();
-    let mut doc = Map::new();
-    doc.insert("range".into(), Value::from(pool.cidr.as_str()));
-    doc.insert("allocations".into(), Value::Object(allocations));
-    crate::cni::result::pretty(&Value::Object(doc)).into_bytes()
+    crate::cni::result::pretty(&PoolDoc { range: Cow::Borrowed(&pool.cidr), allocations }).into_bytes()
 }
 
 fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Vec<Allocation>, DatastoreError> {
     let corrupt = |detail: String| DatastoreError::Corrupt { path: path.to_path_buf(), detail };
-    let doc: Value = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not JSON: {e}")))?;
-    let range = doc.get("range").and_then(Value::as_str).ok_or_else(|| corrupt("missing \"range\"".into()))?;
-    if range != pool.cidr {
-        return Err(corrupt(format!("holds range {range}, expected {}", pool.cidr)));
+    let doc: PoolDoc = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a pool document ({{\"range\", \"allocations\": {{decimal offset: entry}}}}): {e}")))?;
+    if doc.range != pool.cidr {
+        return Err(corrupt(format!("holds range {}, expected {}", doc.range, pool.cidr)));
     }
-    let mut entries = Vec::new();
-    if let Some(allocations) = doc.get("allocations") {
-        let allocations = allocations.as_object().ok_or_else(|| corrupt("\"allocations\" is not an object".into()))?;
-        for (key, entry) in allocations {
-            let offset = key.parse::<u128>().map_err(|_| corrupt(format!("allocation key {key:?} is not a decimal offset")))?;
-            let field = |name: &str| entry.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
-            entries.push(Allocation { offset, container_id: field("id"), pod_ref: field("podref"), ifname: field("ifname") });
-        }
-    }
-    Ok(entries)
+    Ok(doc
+        .allocations
+        .into_iter()
+        .map(|(offset, e)| Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() })
+        .collect())
 }
 
 /// `fdatasync` of every written pool file, one after the other: data-only
@@ -405,7 +444,7 @@ mod tests {
         assert_eq!(loaded.entries, vec![alloc(1, "c1")]);
         let (version, payload) = pool_file::read_path(&dir.join("nested/192.0.2.0-24.pool")).unwrap().unwrap();
         assert_eq!(version, 1);
-        let doc: Value = serde_json::from_slice(&payload).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&payload).unwrap();
         assert_eq!(doc["range"], "192.0.2.0/24");
         assert_eq!(doc["allocations"]["1"], serde_json::json!({"id": "c1", "podref": "ns/p", "ifname": "eth0"}));
         fs::remove_dir_all(dir).unwrap();
@@ -428,6 +467,52 @@ mod tests {
         assert!(!dir.join("a.pool").exists());
         assert_eq!(fs::read(dir.join("b.pool")).unwrap(), before_b);
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_commit_under_the_lock_uses_what_load_read_and_only_while_locked() {
+        let dir = temp_dir("remembered");
+        let store = FileStore::new(&dir);
+        let p = pool("p", "192.0.2.0/24");
+        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        // Under the lock: load, then commit against that read.
+        let lock = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
+        let v1 = store.load(&p).unwrap().version;
+        store.commit(&[PoolUpdate { pool: p.clone(), expected: v1.clone(), changes: vec![Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
+        drop(lock);
+        assert_eq!(store.load(&p).unwrap().entries, vec![alloc(1, "a"), alloc(2, "b")]);
+        // A read kept under a lock that was then released must not stand in for
+        // the pool's state later: another writer moved it in between.
+        let lock = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
+        let v2 = store.load(&p).unwrap().version;
+        drop(lock);
+        let other = FileStore::new(&dir);
+        other.commit(&[PoolUpdate { pool: p.clone(), expected: v2.clone(), changes: vec![Change::Insert(alloc(3, "c"))] }], soon()).unwrap();
+        let stale = PoolUpdate { pool: p.clone(), expected: v2, changes: vec![Change::Insert(alloc(4, "d"))] };
+        assert!(matches!(store.commit(&[stale], soon()), Err(DatastoreError::Conflict { .. })));
+        assert_eq!(store.load(&p).unwrap().entries, vec![alloc(1, "a"), alloc(2, "b"), alloc(3, "c")]);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn pool_documents_round_trip_and_malformed_ones_are_corrupt() {
+        let p = pool("p", "2001:db8::/64");
+        let entries: BTreeMap<u128, Allocation> = [alloc(u128::from(u64::MAX) + 7, "x\"y"), alloc(2, "b")].into_iter().map(|a| (a.offset, a)).collect();
+        let bytes = encode(&p, &entries);
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        // Keys in numeric order, as decimal strings; the shape of an IPPool spec.
+        assert!(text.find("\"2\"").unwrap() < text.find("\"18446744073709551622\"").unwrap(), "{text}");
+        let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(doc["allocations"]["2"], serde_json::json!({"id": "b", "podref": "ns/p", "ifname": "eth0"}));
+        let path = Path::new("/x/p.pool");
+        assert_eq!(decode(path, &bytes, &p).unwrap(), entries.into_values().collect::<Vec<_>>());
+        // Missing fields read as empty; no allocations at all is an empty pool.
+        let sparse = br#"{"range": "2001:db8::/64", "allocations": {"5": {"id": "c"}}}"#;
+        assert_eq!(decode(path, sparse, &p).unwrap(), vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]);
+        assert_eq!(decode(path, br#"{"range": "2001:db8::/64"}"#, &p).unwrap(), vec![]);
+        for bad in [&br#"{"range": "2001:db8::/64", "allocations": []}"#[..], br#"{"range": "2001:db8::/64", "allocations": {"x": {}}}"#, br#"{"allocations": {}}"#, b"{", br#"{"range": "192.0.2.0/24"}"#] {
+            assert!(matches!(decode(path, bad, &p), Err(DatastoreError::Corrupt { .. })), "{}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]
