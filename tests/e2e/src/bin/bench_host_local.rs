@@ -10,8 +10,9 @@
 //!   run takes the disk out, which matters because thereabouts fsyncs its pool files and
 //!   directory while host-local does not fsync at all)
 //!   --concurrency W,M: afterwards, W processes at once x M ADDs each, then as many DELs,
-//!   on each plugin in turn (default 16,25; 0 skips): throughput and per-call tail.
-//! Build first: cargo build --release -p thereabouts -p thereabouts-e2e
+//!   on each plugin in turn (default 16,15; 0 skips): throughput and per-call tail.
+//!   W x M must fit the IPv4 documentation range 192.0.2.0/24 (at most 253).
+//! Build first: bash scripts/build-plugin.sh && cargo build --release -p thereabouts-e2e
 
 use serde_json::json;
 use std::path::Path;
@@ -94,7 +95,7 @@ fn fs_type(p: &Path) -> String {
 fn main() {
     let mut rounds = 300usize;
     let mut prefills = vec![0usize, 100];
-    let mut conc = (16usize, 25usize);
+    let mut conc = (16usize, 15usize);
     let mut bases = vec![std::env::temp_dir()];
     if Path::new("/dev/shm").is_dir() {
         bases.push("/dev/shm".into());
@@ -123,7 +124,8 @@ fn main() {
                     .split(',')
                     .map(|s| s.parse().expect("--concurrency W,M"))
                     .collect();
-                conc = (v[0], *v.get(1).unwrap_or(&25));
+                conc = (v[0], *v.get(1).unwrap_or(&15));
+                assert!(conc.0 * conc.1 <= 253, "--concurrency W,M: W x M = {} addresses live at once do not fit 192.0.2.0/24 (253)", conc.0 * conc.1);
                 i += 1;
             }
             "-h" | "--help" => {
@@ -297,8 +299,8 @@ fn fan(side: &Side, cmd: &str, w: usize, m: usize) -> (Duration, Vec<Duration>) 
 
 fn concurrent(thab: &Path, w: usize, m: usize, base: &Path) {
     let tmp = TempDir::new_in(base, "bench-conc");
-    // W x M live addresses at once: more than a /24 holds, so 198.18.0.0/21 (RFC 2544 benchmarking space).
-    let (v4, v6) = ("198.18.0.0/21", "2001:db8::/64");
+    // W x M live addresses at once, in documentation ranges (checked when parsed: at most 253).
+    let (v4, v6) = ("192.0.2.0/24", "2001:db8::/64");
     let thab_dir = tmp.sub("thereabouts");
     let hl_dir = tmp.sub("host-local");
     let sides = [
