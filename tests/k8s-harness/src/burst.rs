@@ -20,6 +20,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -225,6 +226,117 @@ pub fn failure_summary(outcomes: &[Outcome]) -> Vec<(usize, String)> {
     let mut v: Vec<(usize, String)> = counts.into_iter().map(|(m, n)| (n, m)).collect();
     v.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     v
+}
+
+/// `n` pods as `(container ID, pod name)`: `cid-<prefix>-000`, `<prefix>-000`, ...
+pub fn pods(prefix: &str, n: usize) -> Vec<(String, String)> {
+    (0..n).map(|i| (format!("cid-{prefix}-{i:03}"), format!("{prefix}-{i:03}"))).collect()
+}
+
+/// One line about a burst: calls, rate, latency percentiles, and what the
+/// plugins' logs count per call (`requests_of`: "API", "etcd").
+pub fn summary(what: &str, outcomes: &[Outcome], wall: Duration, stats: &LogStats, requests_of: &str) -> String {
+    let times: Vec<Duration> = outcomes.iter().map(|o| o.elapsed).collect();
+    format!(
+        "{what}: {} calls in {wall:.2?} ({:.0}/s); p50 {:.0?} p99 {:.0?} max {:.0?}; {:.1} {requests_of} requests and {:.2} re-plans per call (plugin logs)",
+        outcomes.len(),
+        outcomes.len() as f64 / wall.as_secs_f64(),
+        percentile(&times, 50.0),
+        percentile(&times, 99.0),
+        percentile(&times, 100.0),
+        stats.requests as f64 / outcomes.len() as f64,
+        stats.replans as f64 / outcomes.len() as f64,
+    )
+}
+
+/// A burst during which the server was killed.
+pub struct Outage {
+    pub outcomes: Vec<Outcome>,
+    pub wall: Duration,
+    /// When the kill came after the start, and how many calls had succeeded by then.
+    pub killed_after: Duration,
+    pub succeeded_before_kill: usize,
+    /// Calls that failed once the kill was under way: they were in flight.
+    pub failed_after_kill: usize,
+}
+
+/// Runs `invocations` all at once and calls `kill` once `kill_after` of them
+/// have succeeded, or `kill_at` after the start at the latest (many processes
+/// starting at once on two cores take a second or two before the first answers).
+pub fn run_through_outage(
+    bin: &Path,
+    invocations: &[Invocation],
+    watchdog: Duration,
+    kill_after: usize,
+    kill_at: Duration,
+    kill: impl FnOnce() + Send,
+) -> Outage {
+    let succeeded = AtomicUsize::new(0);
+    // Set just before the kill (a SIGKILL is immediate; the harness then waits
+    // for the process to be gone).
+    let killing = AtomicBool::new(false);
+    let failed_after_kill = AtomicUsize::new(0);
+    let count = |o: &Outcome| {
+        if o.ok() {
+            succeeded.fetch_add(1, Ordering::SeqCst);
+        } else if killing.load(Ordering::SeqCst) {
+            failed_after_kill.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    let started = Instant::now();
+    let (outcomes, (killed_after, succeeded_before_kill)) = std::thread::scope(|scope| {
+        let killer = scope.spawn(|| {
+            while succeeded.load(Ordering::SeqCst) < kill_after && started.elapsed() < kill_at {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let at = (started.elapsed(), succeeded.load(Ordering::SeqCst));
+            killing.store(true, Ordering::SeqCst);
+            kill();
+            at
+        });
+        let outcomes = run_concurrently(bin, invocations, watchdog, Some(&count));
+        (outcomes, killer.join().expect("the killer thread"))
+    });
+    assert!(killing.load(Ordering::SeqCst));
+    Outage { wall: started.elapsed(), outcomes, killed_after, succeeded_before_kill, failed_after_kill: failed_after_kill.load(Ordering::SeqCst) }
+}
+
+impl Outage {
+    /// Prints what happened (`killed` names the kill, `summary` is the burst's
+    /// line) and checks what an outage must leave: every failed call answered CNI
+    /// code 11 (try again later), none answered later than `deadline + slack`,
+    /// and the kill hit the burst partway (some calls succeeded, some failed
+    /// after it). Returns the successful calls.
+    pub fn check(&self, killed: &str, summary: String, deadline: Duration, slack: Duration) -> Vec<&Outcome> {
+        let (ok, failed): (Vec<&Outcome>, Vec<&Outcome>) = self.outcomes.iter().partition(|o| o.ok());
+        let slowest = self.outcomes.iter().map(|o| o.elapsed).max().unwrap_or_default();
+        eprintln!(
+            "{summary}\n{killed} {:.2?} after the start, with {} ADDs succeeded; in the end {} succeeded, {} failed ({} of them after the kill); slowest {slowest:.2?}",
+            self.killed_after,
+            self.succeeded_before_kill,
+            ok.len(),
+            failed.len(),
+            self.failed_after_kill,
+        );
+        eprintln!("failed ADDs by message:");
+        for (n, m) in failure_summary(&self.outcomes) {
+            eprintln!("  {n} × {m}");
+        }
+        for o in &failed {
+            let e = o.expect_cni_error("ADD during the outage");
+            assert_eq!(e["code"], 11, "only 'try again later': {}", o.describe());
+        }
+        for o in &self.outcomes {
+            assert!(o.elapsed <= deadline + slack, "answered after {:.2?} (deadline {deadline:?}): {}", o.elapsed, o.describe());
+        }
+        assert!(
+            !ok.is_empty() && self.failed_after_kill > 0,
+            "the outage must hit the burst partway: {} succeeded, {} failed after the kill",
+            ok.len(),
+            self.failed_after_kill,
+        );
+        ok
+    }
 }
 
 /// Panics with the failures grouped by message and the first few in full

@@ -18,14 +18,14 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, check_held, expect_all_ok, failure_summary, log_path, percentile,
-    pod_name, pool_entries, reservation_name, reservations_in, run_concurrently, run_one,
+    Invocation, LogStats, check_held, expect_all_ok, log_path, pod_name, pods, pool_entries,
+    reservation_name, reservations_in, run_concurrently, run_one, run_through_outage, summary,
 };
 use thereabouts_k8s_harness::plugin::{
     GROUP_VERSION, IPPOOLS, Objects, RESERVATIONS, kubernetes_conf, with_debug_log,
@@ -118,26 +118,6 @@ impl Network {
     }
 }
 
-fn pods(prefix: &str, n: usize) -> Vec<(String, String)> {
-    (0..n)
-        .map(|i| (format!("cid-{prefix}-{i:03}"), format!("{prefix}-{i:03}")))
-        .collect()
-}
-
-fn summary(what: &str, outcomes: &[Outcome], wall: Duration, stats: &LogStats) -> String {
-    let times: Vec<Duration> = outcomes.iter().map(|o| o.elapsed).collect();
-    format!(
-        "{what}: {} calls in {wall:.2?} ({:.0}/s); p50 {:.0?} p99 {:.0?} max {:.0?}; {:.1} API requests and {:.2} re-plans per call (plugin logs)",
-        outcomes.len(),
-        outcomes.len() as f64 / wall.as_secs_f64(),
-        percentile(&times, 50.0),
-        percentile(&times, 99.0),
-        percentile(&times, 100.0),
-        stats.requests as f64 / outcomes.len() as f64,
-        stats.replans as f64 / outcomes.len() as f64,
-    )
-}
-
 /// [`check_held`] against the IPPools and reservations as the admin reads them.
 fn check_results(
     net: &Network,
@@ -177,7 +157,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     let wall = started.elapsed();
     eprintln!(
         "{}",
-        summary("burst ADD", &adds, wall, &net.log_stats("ADD", &adds))
+        summary("burst ADD", &adds, wall, &net.log_stats("ADD", &adds), "API")
     );
     expect_all_ok(&adds, "concurrent ADD");
     let all: Vec<&Outcome> = adds.iter().collect();
@@ -203,7 +183,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     let wall = started.elapsed();
     eprintln!(
         "{}",
-        summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels))
+        summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels), "API")
     );
     expect_all_ok(&dels, "concurrent DEL");
     for (pool, _) in net.pools() {
@@ -261,78 +241,24 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
     warm.expect_ok("ADD before the burst");
 
     let pods = pods("fault", PODS);
-    let succeeded = AtomicUsize::new(0);
-    // Set just before the SIGKILL (which is immediate; the harness then waits
-    // for the process to be gone).
-    let killing = AtomicBool::new(false);
-    // ADDs that failed after the kill: they were in flight.
-    let failed_in_outage = AtomicUsize::new(0);
-    let count = |o: &Outcome| {
-        if o.ok() {
-            succeeded.fetch_add(1, Ordering::SeqCst);
-        } else if killing.load(Ordering::SeqCst) {
-            failed_in_outage.fetch_add(1, Ordering::SeqCst);
-        }
-    };
-    let started = Instant::now();
-    let (adds, killed_at) = std::thread::scope(|scope| {
-        let killer = scope.spawn(|| {
-            while succeeded.load(Ordering::SeqCst) < KILL_AFTER && started.elapsed() < KILL_AT {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let at = (started.elapsed(), succeeded.load(Ordering::SeqCst));
-            killing.store(true, Ordering::SeqCst);
-            cluster.stop_apiserver();
-            at
-        });
-        let adds = run_concurrently(
-            &bin,
-            &net.calls("ADD", &pods, DEADLINE),
-            WATCHDOG,
-            Some(&count),
-        );
-        (adds, killer.join().unwrap())
-    });
-    assert!(killing.load(Ordering::SeqCst));
-    let wall = started.elapsed();
-    let (ok, failed): (Vec<&Outcome>, Vec<&Outcome>) = adds.iter().partition(|o| o.ok());
-    let slowest = adds.iter().map(|o| o.elapsed).max().unwrap();
-    eprintln!(
-        "{}\napiserver killed {:.2?} after the start, with {} ADDs succeeded; in the end {} succeeded, {} failed ({} of them after the kill); slowest {slowest:.2?}",
-        summary(
-            "ADD during the outage",
-            &adds,
-            wall,
-            &net.log_stats("ADD", &adds)
-        ),
-        killed_at.0,
-        killed_at.1,
-        ok.len(),
-        failed.len(),
-        failed_in_outage.load(Ordering::SeqCst),
+    let outage = run_through_outage(
+        &bin,
+        &net.calls("ADD", &pods, DEADLINE),
+        WATCHDOG,
+        KILL_AFTER,
+        KILL_AT,
+        || cluster.stop_apiserver(),
     );
-    for o in &failed {
-        let e = o.expect_cni_error("ADD during the outage");
-        assert_eq!(e["code"], 11, "only 'try again later': {}", o.describe());
-    }
-    eprintln!("failed ADDs by message:");
-    for (n, m) in failure_summary(&adds) {
-        eprintln!("  {n} × {m}");
-    }
-    for o in &adds {
-        assert!(
-            o.elapsed <= DEADLINE + SLACK,
-            "answered after {:.2?} (deadline {DEADLINE:?}): {}",
-            o.elapsed,
-            o.describe()
-        );
-    }
-    let outage = failed_in_outage.load(Ordering::SeqCst);
-    assert!(
-        !ok.is_empty() && outage > 0,
-        "the outage must hit the burst partway: {} succeeded, {outage} failed after the kill",
-        ok.len(),
+    let adds = &outage.outcomes;
+    let line = summary(
+        "ADD during the outage",
+        adds,
+        outage.wall,
+        &net.log_stats("ADD", adds),
+        "API",
     );
+    let ok = outage.check("apiserver killed", line, DEADLINE, SLACK);
+    let failed: Vec<&Outcome> = adds.iter().filter(|o| !o.ok()).collect();
 
     cluster
         .start_apiserver()
@@ -758,13 +684,15 @@ fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
             "ADD beside whereabouts",
             &adds,
             walls.0,
-            &net.log_stats("ADD", &adds)
+            &net.log_stats("ADD", &adds),
+            "API"
         ),
         summary(
             "DEL beside whereabouts",
             &dels,
             walls.1,
-            &net.log_stats("DEL", &dels)
+            &net.log_stats("DEL", &dels),
+            "API"
         ),
         stats.adds,
         stats.removes,

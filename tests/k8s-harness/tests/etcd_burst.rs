@@ -16,14 +16,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, PoolEntry, check_held, expect_all_ok, failure_summary, log_path,
-    percentile, pod_name, reservation_name, run_concurrently, run_one,
+    Invocation, LogStats, PoolEntry, check_held, expect_all_ok, log_path, pod_name, pods,
+    reservation_name, run_concurrently, run_one, run_through_outage, summary,
 };
 use thereabouts_k8s_harness::etcd::{Etcd, etcd_conf};
 use thereabouts_k8s_harness::plugin::with_debug_log;
@@ -101,24 +100,6 @@ impl<'a> Network<'a> {
     }
 }
 
-fn pods(prefix: &str, n: usize) -> Vec<(String, String)> {
-    (0..n).map(|i| (format!("cid-{prefix}-{i:03}"), format!("{prefix}-{i:03}"))).collect()
-}
-
-fn summary(what: &str, outcomes: &[Outcome], wall: Duration, stats: &LogStats) -> String {
-    let times: Vec<Duration> = outcomes.iter().map(|o| o.elapsed).collect();
-    format!(
-        "{what}: {} calls in {wall:.2?} ({:.0}/s); p50 {:.0?} p99 {:.0?} max {:.0?}; {:.1} etcd requests and {:.2} re-plans per call (plugin logs)",
-        outcomes.len(),
-        outcomes.len() as f64 / wall.as_secs_f64(),
-        percentile(&times, 50.0),
-        percentile(&times, 99.0),
-        percentile(&times, 100.0),
-        stats.requests as f64 / outcomes.len() as f64,
-        stats.replans as f64 / outcomes.len() as f64,
-    )
-}
-
 /// ≥ 200 concurrent dual-stack ADD processes on one config, then all their DELs
 /// at once: every call succeeds, every pod has exactly one address per range and
 /// no address is held twice — in the CNI results and in the pool keys as etcd's
@@ -136,7 +117,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     let started = Instant::now();
     let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), WATCHDOG, None);
     let wall = started.elapsed();
-    eprintln!("{}", summary("burst ADD", &adds, wall, &net.log_stats("ADD", &adds)));
+    eprintln!("{}", summary("burst ADD", &adds, wall, &net.log_stats("ADD", &adds), "etcd"));
     expect_all_ok(&adds, "concurrent ADD");
     let all: Vec<&Outcome> = adds.iter().collect();
     let held = net.check(&all);
@@ -152,7 +133,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     let started = Instant::now();
     let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), WATCHDOG, None);
     let wall = started.elapsed();
-    eprintln!("{}", summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels)));
+    eprintln!("{}", summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels), "etcd"));
     expect_all_ok(&dels, "concurrent DEL");
     net.check_empty();
 }
@@ -184,55 +165,11 @@ fn etcd_killed_during_a_burst_leaves_no_partial_allocation() {
     warm.expect_ok("ADD before the burst");
 
     let pods = pods("fault", PODS);
-    let succeeded = AtomicUsize::new(0);
-    let killing = AtomicBool::new(false);
-    let failed_in_outage = AtomicUsize::new(0);
-    let count = |o: &Outcome| {
-        if o.ok() {
-            succeeded.fetch_add(1, Ordering::SeqCst);
-        } else if killing.load(Ordering::SeqCst) {
-            failed_in_outage.fetch_add(1, Ordering::SeqCst);
-        }
-    };
-    let started = Instant::now();
-    let (adds, killed_at) = std::thread::scope(|scope| {
-        let killer = scope.spawn(|| {
-            while succeeded.load(Ordering::SeqCst) < KILL_AFTER && started.elapsed() < KILL_AT {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let at = (started.elapsed(), succeeded.load(Ordering::SeqCst));
-            killing.store(true, Ordering::SeqCst);
-            etcd.kill();
-            at
-        });
-        let adds = run_concurrently(&bin, &net.calls("ADD", &pods, DEADLINE), WATCHDOG, Some(&count));
-        (adds, killer.join().unwrap())
-    });
-    let wall = started.elapsed();
-    let (ok, failed): (Vec<&Outcome>, Vec<&Outcome>) = adds.iter().partition(|o| o.ok());
-    let slowest = adds.iter().map(|o| o.elapsed).max().unwrap();
-    eprintln!(
-        "{}\netcd killed {:.2?} after the start, with {} ADDs succeeded; in the end {} succeeded, {} failed ({} of them after the kill); slowest {slowest:.2?}",
-        summary("ADD during the outage", &adds, wall, &net.log_stats("ADD", &adds)),
-        killed_at.0,
-        killed_at.1,
-        ok.len(),
-        failed.len(),
-        failed_in_outage.load(Ordering::SeqCst),
-    );
-    eprintln!("failed ADDs by message:");
-    for (n, m) in failure_summary(&adds) {
-        eprintln!("  {n} × {m}");
-    }
-    for o in &failed {
-        let e = o.expect_cni_error("ADD during the outage");
-        assert_eq!(e["code"], 11, "only 'try again later': {}", o.describe());
-    }
-    for o in &adds {
-        assert!(o.elapsed <= DEADLINE + SLACK, "answered after {:.2?} (deadline {DEADLINE:?}): {}", o.elapsed, o.describe());
-    }
-    let outage = failed_in_outage.load(Ordering::SeqCst);
-    assert!(!ok.is_empty() && outage > 0, "the outage must hit the burst partway: {} succeeded, {outage} failed after the kill", ok.len());
+    let outage = run_through_outage(&bin, &net.calls("ADD", &pods, DEADLINE), WATCHDOG, KILL_AFTER, KILL_AT, || etcd.kill());
+    let adds = &outage.outcomes;
+    let line = summary("ADD during the outage", adds, outage.wall, &net.log_stats("ADD", adds), "etcd");
+    let ok = outage.check("etcd killed", line, DEADLINE, SLACK);
+    let failed: Vec<&Outcome> = adds.iter().filter(|o| !o.ok()).collect();
 
     etcd.restart().expect("restarting etcd on the same data");
     let mut holders: Vec<&Outcome> = ok.clone();
