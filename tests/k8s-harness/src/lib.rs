@@ -28,6 +28,7 @@
 
 mod apply;
 mod bins;
+pub mod bench;
 pub mod burst;
 pub mod etcd;
 pub mod plugin;

@@ -35,14 +35,14 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, address, children_cpu, failure_summary, log_path, ms, per_call,
-    percentile, process_cpu, run_concurrently, run_one,
+    Invocation, address, log_path, ms, per_call, percentile, process_cpu, run_one,
 };
+use thereabouts_k8s_harness::bench::Runner;
 use thereabouts_k8s_harness::etcd::{Etcd, GrpcCounts, etcd_conf};
 use thereabouts_k8s_harness::plugin::with_debug_log;
 
@@ -86,48 +86,11 @@ fn parse_options() -> Result<Options> {
     Ok(o)
 }
 
-/// One phase's figures.
-struct Phase {
-    name: String,
-    calls: usize,
-    failed: usize,
-    wall: Duration,
-    latencies: Vec<Duration>,
-    /// etcd's own count (None when /metrics could not be read).
-    requests: Option<GrpcCounts>,
-    logs: LogStats,
-    plugin_cpu: Duration,
-    etcd_cpu: Duration,
-}
+type Phase = thereabouts_k8s_harness::bench::Phase<GrpcCounts>;
 
-impl Phase {
-    fn merge(name: &str, phases: &[Phase]) -> Phase {
-        let mut requests = Some(GrpcCounts::default());
-        let mut logs = LogStats::default();
-        for p in phases {
-            match (&mut requests, &p.requests) {
-                (Some(total), Some(r)) => total.add(r),
-                _ => requests = None,
-            }
-            logs.add(&p.logs);
-        }
-        Phase {
-            name: name.to_string(),
-            calls: phases.iter().map(|p| p.calls).sum(),
-            failed: phases.iter().map(|p| p.failed).sum(),
-            wall: phases.iter().map(|p| p.wall).sum(),
-            latencies: phases.iter().flat_map(|p| p.latencies.clone()).collect(),
-            requests,
-            logs,
-            plugin_cpu: phases.iter().map(|p| p.plugin_cpu).sum(),
-            etcd_cpu: phases.iter().map(|p| p.etcd_cpu).sum(),
-        }
-    }
-
-    /// Commit transactions the plugins logged.
-    fn commits(&self) -> usize {
-        self.logs.by_target.get("etcd commit txn").copied().unwrap_or(0)
-    }
+/// Commit transactions the plugins logged in a phase.
+fn commits(p: &Phase) -> usize {
+    p.logs.by_target.get("etcd commit txn").copied().unwrap_or(0)
 }
 
 struct Bench {
@@ -166,47 +129,8 @@ impl Bench {
     /// Runs `pods` one after another (`concurrent` false) or all at once.
     fn phase(&self, name: &str, command: &str, pods: &[(String, String)], concurrent: bool) -> (Phase, Vec<Outcome>) {
         let invocations: Vec<Invocation> = pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod)).collect();
-        let before = self.scrape();
-        let (plugin_cpu0, etcd_cpu0) = (children_cpu(), self.etcd_cpu());
-        let started = Instant::now();
-        let outcomes = if concurrent {
-            run_concurrently(&self.bin, &invocations, self.watchdog, None)
-        } else {
-            invocations.iter().map(|i| run_one(&self.bin, i, self.watchdog)).collect()
-        };
-        let wall = started.elapsed();
-        let (plugin_cpu, etcd_cpu) = (children_cpu() - plugin_cpu0, self.etcd_cpu() - etcd_cpu0);
-        let requests = match (before, self.scrape()) {
-            (Some(b), Some(a)) => Some(a.since(&b)),
-            _ => None,
-        };
-        let mut logs = LogStats::default();
-        for o in &outcomes {
-            logs.add(&LogStats::read(&log_path(self.logs.path(), &format!("{}-{}", command.to_lowercase(), o.call.container_id))));
-        }
-        let groups = failure_summary(&outcomes);
-        for (n, m) in &groups {
-            eprintln!("bench: {name}: {n} failed with: {m}");
-        }
-        let phase = Phase {
-            name: name.to_string(),
-            calls: outcomes.len(),
-            failed: groups.iter().map(|(n, _)| n).sum(),
-            wall,
-            latencies: outcomes.iter().map(|o| o.elapsed).collect(),
-            requests,
-            logs,
-            plugin_cpu,
-            etcd_cpu,
-        };
-        eprintln!(
-            "bench: {name}: {} calls in {wall:.2?}, p50 {:.1?}, p99 {:.1?}, {} failed",
-            phase.calls,
-            percentile(&phase.latencies, 50.0),
-            percentile(&phase.latencies, 99.0),
-            phase.failed
-        );
-        (phase, outcomes)
+        let runner = Runner { bin: &self.bin, watchdog: self.watchdog, logs: self.logs.path(), scrape: &|_| self.scrape(), server_cpu: &|| self.etcd_cpu() };
+        runner.phase(name, command, &invocations, concurrent)
     }
 
     /// After ADDs: one address per range per successful pod, no duplicates, and
@@ -307,8 +231,8 @@ fn main() -> Result<()> {
     }
     if options.rounds > 1 {
         let (adds, dels): (Vec<Phase>, Vec<Phase>) = rounds.drain(..).partition(|p| p.name.starts_with("burst ADD"));
-        table.push(Phase::merge(&format!("burst ADD ({} concurrent), {} rounds", options.pods, options.rounds), &adds));
-        table.push(Phase::merge(&format!("burst DEL ({} concurrent), {} rounds", options.pods, options.rounds), &dels));
+        table.push(Phase::merge(&format!("burst ADD ({} concurrent), {} rounds", options.pods, options.rounds), &adds.iter().collect::<Vec<_>>()));
+        table.push(Phase::merge(&format!("burst DEL ({} concurrent), {} rounds", options.pods, options.rounds), &dels.iter().collect::<Vec<_>>()));
         // Each round too, after the summary.
         rounds = adds.into_iter().zip(dels).flat_map(|(a, d)| [a, d]).collect();
     } else {
@@ -341,10 +265,10 @@ fn main() -> Result<()> {
             ms(percentile(&p.latencies, 90.0)),
             ms(percentile(&p.latencies, 99.0)),
             ms(percentile(&p.latencies, 100.0)),
-            per_call(p.commits() as f64, p.calls),
+            per_call(commits(p) as f64, p.calls),
             per_call(p.logs.replans as f64, p.calls),
             ms(p.plugin_cpu / p.calls.max(1) as u32),
-            ms(p.etcd_cpu / p.calls.max(1) as u32),
+            ms(p.server_cpu / p.calls.max(1) as u32),
             p.failed,
         );
     }

@@ -52,9 +52,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::Cluster;
+use thereabouts_k8s_harness::bench::Runner;
 use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, Metrics, RequestCounts, address, children_cpu, failure_summary, log_path,
-    ms, per_call, percentile, pool_entries, process_cpu, reservations_in, run_concurrently, run_one,
+    Invocation, Metrics, RequestCounts, address, log_path, ms, per_call, percentile, pool_entries,
+    process_cpu, reservations_in, run_one,
 };
 use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf, with_debug_log};
 
@@ -151,44 +152,7 @@ struct Bench {
     dumps: std::cell::Cell<usize>,
 }
 
-/// One phase's figures.
-struct Phase {
-    name: String,
-    calls: usize,
-    failed: usize,
-    wall: Duration,
-    latencies: Vec<Duration>,
-    requests: Option<RequestCounts>,
-    logs: LogStats,
-    /// CPU time of the plugin processes, and of kube-apiserver + etcd, during the phase.
-    plugin_cpu: Duration,
-    server_cpu: Duration,
-}
-
-impl Phase {
-    fn merge(name: &str, phases: &[&Phase]) -> Phase {
-        let mut requests = Some(RequestCounts::default());
-        let mut logs = LogStats::default();
-        for p in phases {
-            match (&mut requests, &p.requests) {
-                (Some(total), Some(r)) => total.add(r),
-                _ => requests = None,
-            }
-            logs.add(&p.logs);
-        }
-        Phase {
-            name: name.to_string(),
-            calls: phases.iter().map(|p| p.calls).sum(),
-            failed: phases.iter().map(|p| p.failed).sum(),
-            wall: phases.iter().map(|p| p.wall).sum(),
-            latencies: phases.iter().flat_map(|p| p.latencies.clone()).collect(),
-            requests,
-            logs,
-            plugin_cpu: phases.iter().map(|p| p.plugin_cpu).sum(),
-            server_cpu: phases.iter().map(|p| p.server_cpu).sum(),
-        }
-    }
-}
+type Phase = thereabouts_k8s_harness::bench::Phase<RequestCounts>;
 
 impl Bench {
     fn pools(&self) -> Vec<(String, String)> {
@@ -236,26 +200,6 @@ impl Bench {
         Some(RequestCounts::parse(&text))
     }
 
-    fn log_stats(&self, command: &str, outcomes: &[Outcome]) -> LogStats {
-        let mut total = LogStats::default();
-        for o in outcomes {
-            let log = log_path(
-                self.logs.path(),
-                &format!("{}-{}", command.to_lowercase(), o.call.container_id),
-            );
-            total.add(&LogStats::read(&log));
-        }
-        total
-    }
-
-    fn report_failures(what: &str, outcomes: &[Outcome]) -> usize {
-        let groups = failure_summary(outcomes);
-        for (n, m) in &groups {
-            eprintln!("bench: {what}: {n} failed with: {m}");
-        }
-        groups.iter().map(|(n, _)| n).sum()
-    }
-
     /// Runs `pods` one after another (`concurrent` false) or all at once.
     fn phase(
         &self,
@@ -268,7 +212,6 @@ impl Bench {
             .iter()
             .map(|(cid, pod)| self.invocation(command, cid, pod))
             .collect();
-        let before = self.scrape(&format!("before {name}"));
         let server_cpu = || {
             self.cluster
                 .pids()
@@ -276,42 +219,14 @@ impl Bench {
                 .map(process_cpu)
                 .sum::<Duration>()
         };
-        let (plugin_cpu0, server_cpu0) = (children_cpu(), server_cpu());
-        let started = Instant::now();
-        let outcomes = if concurrent {
-            run_concurrently(&self.bin, &invocations, self.watchdog, None)
-        } else {
-            invocations
-                .iter()
-                .map(|i| run_one(&self.bin, i, self.watchdog))
-                .collect()
+        let runner = Runner {
+            bin: &self.bin,
+            watchdog: self.watchdog,
+            logs: self.logs.path(),
+            scrape: &|label| self.scrape(label),
+            server_cpu: &server_cpu,
         };
-        let wall = started.elapsed();
-        let (plugin_cpu, server_cpu) = (children_cpu() - plugin_cpu0, server_cpu() - server_cpu0);
-        let after = self.scrape(&format!("after {name}"));
-        let requests = match (before, after) {
-            (Some(b), Some(a)) => Some(a.since(&b)),
-            _ => None,
-        };
-        let phase = Phase {
-            name: name.to_string(),
-            calls: outcomes.len(),
-            failed: Self::report_failures(name, &outcomes),
-            wall,
-            latencies: outcomes.iter().map(|o| o.elapsed).collect(),
-            requests,
-            logs: self.log_stats(command, &outcomes),
-            plugin_cpu,
-            server_cpu,
-        };
-        eprintln!(
-            "bench: {name}: {} calls in {wall:.2?}, p50 {:.1?}, p99 {:.1?}, {} failed",
-            phase.calls,
-            percentile(&phase.latencies, 50.0),
-            percentile(&phase.latencies, 99.0),
-            phase.failed
-        );
-        (phase, outcomes)
+        runner.phase(name, command, &invocations, concurrent)
     }
 
     /// After ADDs: one address per range per successful pod, no duplicates, and
