@@ -159,7 +159,6 @@ impl FileStore {
         }
     }
 
-
     /// The pool's newest intact version and where it lies; `None` if the pool
     /// has no file yet.
     fn read_on_disk(&self, pool: &PoolId) -> Result<Option<(OnDisk, Pool)>, DatastoreError> {
