@@ -3,13 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use thereabouts_allocator::model::{NormalizedConfig, PlanOutcome};
 
-use crate::cni::error::CniError;
-use crate::cni::result::pretty;
+use crate::json::pretty;
 use crate::component::EngineComponent;
 use crate::{datastore, ipam, network_config};
 
@@ -78,13 +77,9 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn cni_error(e: CniError) -> anyhow::Error {
-    anyhow!("{} (CNI error code {})", e.msg, e.code)
-}
-
 fn load_config(engine: &mut EngineComponent, path: &Path) -> Result<NormalizedConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let (config, _) = network_config::load(engine, &text, "").map_err(cni_error).with_context(|| format!("in {}", path.display()))?;
+    let (config, _) = network_config::load(engine, &text, "").with_context(|| format!("in {}", path.display()))?;
     Ok(config)
 }
 
@@ -140,8 +135,8 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Resu
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
     let pools = if from_datastore {
-        let store = datastore::open(&config.datastore).map_err(cni_error)?;
-        ipam::snapshots(store.as_ref(), &config).map_err(cni_error)?
+        let store = datastore::open(&config.datastore)?;
+        ipam::snapshots(store.as_ref(), &config)?
     } else {
         Vec::new()
     };
@@ -187,8 +182,8 @@ pub struct PoolUsage {
 fn pools(path: &Path, output: Output) -> Result<()> {
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
-    let store = datastore::open(&config.datastore).map_err(cni_error)?;
-    let usage = ipam::usage(store.as_ref(), &config).map_err(cni_error)?;
+    let store = datastore::open(&config.datastore)?;
+    let usage = ipam::usage(store.as_ref(), &config)?;
     let report = PoolsReport {
         datastore: store.describe(),
         ranges: usage

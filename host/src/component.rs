@@ -200,3 +200,10 @@ use wit_convert::*;
 fn inconsistent(e: ConfigError) -> anyhow::Error {
     anyhow::anyhow!("engine returned an inconsistent record: {e}")
 }
+
+/// wasmtime could not run the engine: not an answer of the engine, a fault of the
+/// host or the embedded artifact. Callers wrap the `anyhow` errors of
+/// [`EngineComponent`]'s methods in it so their own error types name the cause.
+#[derive(Debug, thiserror::Error)]
+#[error("engine component failed: {0:#}")]
+pub struct EngineFailure(#[from] pub anyhow::Error);

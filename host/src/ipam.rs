@@ -8,12 +8,30 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
+use thereabouts_allocator::ConfigError;
 use thereabouts_allocator::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, Request};
 
-use crate::cni::error::{CniError, code};
-use crate::component::EngineComponent;
+use crate::component::{EngineComponent, EngineFailure};
 use crate::datastore::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate};
-use crate::network_config::engine_failure;
+
+/// Why a command's allocation cycle failed.
+#[derive(Debug, thiserror::Error)]
+pub enum IpamError {
+    #[error(transparent)]
+    Datastore(#[from] DatastoreError),
+    #[error(transparent)]
+    Engine(#[from] EngineFailure),
+    /// The engine could not place the attachment: a range is full, or a
+    /// requested address cannot be had. The message is whereabouts' where it has one.
+    #[error("{message}")]
+    Unplaceable { message: String },
+    /// The engine refused an address it was asked to name (its own verdict, with a code).
+    #[error("{}", .0.message)]
+    Refused(#[from] ConfigError),
+    /// The engine answered something that contradicts what it was given: a bug.
+    #[error("engine answer inconsistent: {detail}")]
+    EngineAnswer { detail: &'static str },
+}
 
 /// Who a call is about: CNI_CONTAINERID and CNI_IFNAME.
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +50,7 @@ fn distinct_pools(config: &NormalizedConfig) -> Vec<PoolId> {
     config.ranges.iter().map(pool_of).filter(|p| seen.insert(p.name.clone())).collect()
 }
 
-fn load_all(store: &dyn Datastore, pools: &[PoolId]) -> Result<BTreeMap<String, Pool>, CniError> {
+fn load_all(store: &dyn Datastore, pools: &[PoolId]) -> Result<BTreeMap<String, Pool>, IpamError> {
     pools.iter().map(|p| Ok((p.name.clone(), store.load(p)?))).collect()
 }
 
@@ -78,8 +96,8 @@ fn until_committed<T>(
     pools: &[PoolId],
     deadline: Instant,
     what: &str,
-    attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), CniError>,
-) -> Result<T, CniError> {
+    attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
+) -> Result<T, IpamError> {
     let result = commit_loop(store, pools, deadline, what, attempt);
     store.finish(deadline);
     result
@@ -90,8 +108,8 @@ fn commit_loop<T>(
     pools: &[PoolId],
     deadline: Instant,
     what: &str,
-    mut attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), CniError>,
-) -> Result<T, CniError> {
+    mut attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
+) -> Result<T, IpamError> {
     let mut backoff = store.conflict_backoff();
     let mut conflicts = 0u32;
     loop {
@@ -138,13 +156,13 @@ fn reserves(store: &dyn Datastore, config: &NormalizedConfig) -> bool {
 }
 
 /// The reservation name of an address (whereabouts' ORIP name, scoped by `network_name`).
-fn reservation_name(engine: &mut EngineComponent, config: &NormalizedConfig, ip: &str) -> Result<String, CniError> {
-    engine.reservation_name(ip, &config.network_name).map_err(engine_failure)?.map_err(CniError::from)
+fn reservation_name(engine: &mut EngineComponent, config: &NormalizedConfig, ip: &str) -> Result<String, IpamError> {
+    Ok(engine.reservation_name(ip, &config.network_name).map_err(EngineFailure)??)
 }
 
 /// The reservation name of the address at `offset` of `pool`'s network, if the
 /// offset is an address of it.
-fn entry_reservation(engine: &mut EngineComponent, config: &NormalizedConfig, pool: &PoolId, offset: u128) -> Result<Option<String>, CniError> {
+fn entry_reservation(engine: &mut EngineComponent, config: &NormalizedConfig, pool: &PoolId, offset: u128) -> Result<Option<String>, IpamError> {
     let Some(range) = config.ranges.iter().find(|r| r.pool_name == pool.name) else { return Ok(None) };
     match thereabouts_allocator::planner::address_at(range, offset) {
         Some(ip) => reservation_name(engine, config, &ip.to_string()).map(Some),
@@ -153,16 +171,16 @@ fn entry_reservation(engine: &mut EngineComponent, config: &NormalizedConfig, po
 }
 
 /// What a failed plan tells the runtime. Exhaustion keeps whereabouts' message.
-fn plan_failure(outcome: PlanOutcome) -> CniError {
+fn plan_failure(outcome: PlanOutcome) -> IpamError {
     match outcome {
-        PlanOutcome::Exhausted { message } | PlanOutcome::Rejected { message } => CniError::new(code::INTERNAL, message),
-        PlanOutcome::Reuse { .. } | PlanOutcome::Fresh { .. } => CniError::new(code::INTERNAL, "engine reported a successful outcome as a failure"),
+        PlanOutcome::Exhausted { message } | PlanOutcome::Rejected { message } => IpamError::Unplaceable { message },
+        PlanOutcome::Reuse { .. } | PlanOutcome::Fresh { .. } => IpamError::EngineAnswer { detail: "a successful outcome reported as a failure" },
     }
 }
 
 /// ADD: one address from every range, all recorded in one commit, or none.
 /// Returns the assignments in range order.
-pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<Vec<Assignment>, CniError> {
+pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<Vec<Assignment>, IpamError> {
     let mut request = Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None, contention: 0 };
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
@@ -183,7 +201,7 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
             let reserved = if reserving { store.reserved(&pool_of(range)) } else { Vec::new() };
             snapshots.push(PoolSnapshot { held, reserved, ..PoolSnapshot::with_taken(entries.iter().map(|e| e.offset)) });
         }
-        let outcomes = engine.plan_all(config, &snapshots, &request).map_err(engine_failure)?.map_err(plan_failure)?;
+        let outcomes = engine.plan_all(config, &snapshots, &request).map_err(EngineFailure)?.map_err(plan_failure)?;
         let mut changes = Changes::new();
         let mut assignments = Vec::with_capacity(outcomes.len());
         for ((range, snapshot), outcome) in config.ranges.iter().zip(&snapshots).zip(outcomes) {
@@ -198,7 +216,7 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
                     assignments.push(assignment);
                 }
                 PlanOutcome::Reuse { assignment, held_index } => {
-                    let held = snapshot.held.get(held_index as usize).ok_or_else(|| CniError::new(code::INTERNAL, "engine reused an entry it was not given"))?;
+                    let held = snapshot.held.get(held_index as usize).ok_or(IpamError::EngineAnswer { detail: "reused an entry it was not given" })?;
                     if held.container_id != request.container_id {
                         changes.push(pool_of(range), Change::SetContainerId { offset: held.offset, container_id: request.container_id.clone() });
                     }
@@ -214,7 +232,7 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
 
 /// DEL: forgets the attachment's entries in every pool of the config. Nothing to
 /// forget is success. Returns how many entries were removed.
-pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<usize, CniError> {
+pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<usize, IpamError> {
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
     if reserving {
@@ -226,7 +244,7 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
         let mut removed = 0;
         for pool in &pools {
             let entries = loaded.get(&pool.name).map(|p| p.entries.as_slice()).unwrap_or_default();
-            for index in engine.release(entries, who.container_id, who.ifname).map_err(engine_failure)? {
+            for index in engine.release(entries, who.container_id, who.ifname).map_err(EngineFailure)? {
                 if let Some(entry) = entries.get(index as usize) {
                     changes.push(pool.clone(), Change::Remove { offset: entry.offset });
                     if reserving && let Some(name) = entry_reservation(engine, config, pool, entry.offset)? {
@@ -249,14 +267,14 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
 }
 
 /// CHECK: the attachment's entry in each range, `None` where it has none.
-pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<Vec<Option<Allocation>>, CniError> {
+pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<Vec<Option<Allocation>>, IpamError> {
     let loaded = load_all(store, &distinct_pools(config))?;
     let mut found = Vec::with_capacity(config.ranges.len());
     for range in &config.ranges {
         let entries = loaded.get(&range.pool_name).map(|p| p.entries.as_slice()).unwrap_or_default();
         // Entries inside this range only: two ranges may share a pool with
         // different range_start/range_end.
-        let matching = engine.release(entries, who.container_id, who.ifname).map_err(engine_failure)?;
+        let matching = engine.release(entries, who.container_id, who.ifname).map_err(EngineFailure)?;
         found.push(
             matching
                 .iter()
@@ -281,7 +299,7 @@ pub fn collect_garbage(
     config: &NormalizedConfig,
     valid: &HashSet<(String, String)>,
     deadline: Instant,
-) -> Result<Vec<(PoolId, Allocation)>, CniError> {
+) -> Result<Vec<(PoolId, Allocation)>, IpamError> {
     if store.shared_by_nodes() {
         crate::logging::verbose(format!("GC: {} is shared by every node; this node's runtime cannot tell which entries are garbage, nothing removed", store.describe()));
         return Ok(Vec::new());
@@ -329,7 +347,7 @@ fn allocatable(range: &NormalizedRange, offset: u128) -> bool {
     offset >= range.first_offset && offset <= range.last_offset && !range.excluded.iter().any(|&(lo, hi)| offset >= lo && offset <= hi)
 }
 
-pub fn usage(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<RangeUsage>, CniError> {
+pub fn usage(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<RangeUsage>, IpamError> {
     let loaded = load_all(store, &distinct_pools(config))?;
     Ok(config
         .ranges
@@ -352,7 +370,7 @@ pub fn usage(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<Ran
 }
 
 /// Snapshots of the current pools in range order, for the engine's preview.
-pub fn snapshots(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<PoolSnapshot>, CniError> {
+pub fn snapshots(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<PoolSnapshot>, IpamError> {
     let loaded = load_all(store, &distinct_pools(config))?;
     Ok(config
         .ranges
@@ -441,11 +459,12 @@ mod tests {
         assert_eq!(store.finished.get(), 1);
         // Failing calls end the cycle too, and the store hears of it.
         let store = scripted(vec![conflict(), Err(DatastoreError::Unavailable { server: "s".into(), action: "a".into(), detail: "d".into() })]);
-        assert_eq!(until_committed(&store, &[pool("p")], deadline, "ADD", |_| Ok(((), one_update()))).unwrap_err().code, 11);
+        let unavailable = until_committed(&store, &[pool("p")], deadline, "ADD", |_| Ok(((), one_update())));
+        assert!(matches!(unavailable, Err(IpamError::Datastore(DatastoreError::Unavailable { .. }))), "{unavailable:?}");
         assert_eq!(store.finished.get(), 1);
         let store = scripted(vec![conflict()]);
-        let failed = until_committed(&store, &[pool("p")], deadline, "ADD", |c| if c == 0 { Ok(((), one_update())) } else { Err(CniError::new(code::INTERNAL, "plan failed")) });
-        assert_eq!(failed.unwrap_err().msg, "plan failed");
+        let failed = until_committed(&store, &[pool("p")], deadline, "ADD", |c| if c == 0 { Ok(((), one_update())) } else { Err(IpamError::Unplaceable { message: "plan failed".into() }) });
+        assert!(matches!(failed, Err(IpamError::Unplaceable { message }) if message == "plan failed"));
         assert_eq!(store.finished.get(), 1);
     }
 

@@ -5,12 +5,14 @@
 //! - [`ipam`]: the read → plan → compare-and-swap cycle shared by all commands;
 //! - [`datastore`]: where allocations live (one trait; the file store today);
 //! - [`cli`]: `preview`, `pools` and `engine-component` beside CNI mode;
-//! - [`logging`]: whereabouts-style log lines, never on stdout.
+//! - [`logging`]: whereabouts-style log lines, never on stdout;
+//! - [`json`]: the one JSON printer (a leaf: CNI documents, CLI reports, pool files).
 
 pub mod cli;
 pub mod cni;
 pub mod component;
 pub mod datastore;
 pub mod ipam;
+pub mod json;
 pub mod logging;
 pub mod network_config;

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 
 use thereabouts_allocator::model::NormalizedConfig;
 
-use crate::cni::error::{CniError, code};
-use crate::component::EngineComponent;
+use thereabouts_allocator::ConfigError;
+
+use crate::component::{EngineComponent, EngineFailure};
 
 /// Names looked up inside a flat-file path that is a directory (the whereabouts
 /// installer writes a directory into `configuration_path`).
@@ -26,21 +27,29 @@ pub struct FlatFile {
     pub text: String,
 }
 
-/// Wraps a wasmtime failure (not an answer of the engine) as an internal error.
-pub fn engine_failure(e: anyhow::Error) -> CniError {
-    CniError::new(code::INTERNAL, format!("engine component failed: {e:#}"))
+/// Why a network config could not be turned into the engine's config.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigLoadError {
+    /// The engine's verdict on the config: it chose the CNI code and names the field.
+    #[error("{}", .0.message)]
+    Invalid(#[from] ConfigError),
+    /// A flat file that exists could not be read.
+    #[error("cannot read flat configuration file {}: {source}", path.display())]
+    FlatFile { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Engine(#[from] EngineFailure),
 }
 
 /// Normalizes `network_config` the way every command sees it.
-pub fn load(engine: &mut EngineComponent, network_config: &str, cni_args: &str) -> Result<(NormalizedConfig, Option<FlatFile>), CniError> {
-    let paths = engine.flat_file_paths(network_config).map_err(engine_failure)??;
+pub fn load(engine: &mut EngineComponent, network_config: &str, cni_args: &str) -> Result<(NormalizedConfig, Option<FlatFile>), ConfigLoadError> {
+    let paths = engine.flat_file_paths(network_config).map_err(EngineFailure)??;
     let flat = find_flat_file(&paths)?;
-    let config = engine.normalize(network_config, flat.as_ref().map(|f| f.text.as_str()), cni_args).map_err(engine_failure)??;
+    let config = engine.normalize(network_config, flat.as_ref().map(|f| f.text.as_str()), cni_args).map_err(EngineFailure)??;
     Ok((config, flat))
 }
 
 /// Reads the first existing flat file among `paths`; `None` when there is none.
-pub fn find_flat_file(paths: &[String]) -> Result<Option<FlatFile>, CniError> {
+pub fn find_flat_file(paths: &[String]) -> Result<Option<FlatFile>, ConfigLoadError> {
     for path in paths.iter().filter(|p| !p.is_empty()).map(PathBuf::from) {
         let Some(is_dir) = probe(&path)? else { continue };
         if !is_dir {
@@ -57,20 +66,20 @@ pub fn find_flat_file(paths: &[String]) -> Result<Option<FlatFile>, CniError> {
 }
 
 /// `Some(is_directory)` if the path exists, `None` if it does not.
-fn probe(path: &Path) -> Result<Option<bool>, CniError> {
+fn probe(path: &Path) -> Result<Option<bool>, ConfigLoadError> {
     match fs::metadata(path) {
         Ok(meta) => Ok(Some(meta.is_dir())),
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => Ok(None),
-        Err(e) => Err(unreadable(path, &e)),
+        Err(e) => Err(unreadable(path, e)),
     }
 }
 
-fn read(path: &Path) -> Result<FlatFile, CniError> {
-    fs::read_to_string(path).map(|text| FlatFile { path: path.to_path_buf(), text }).map_err(|e| unreadable(path, &e))
+fn read(path: &Path) -> Result<FlatFile, ConfigLoadError> {
+    fs::read_to_string(path).map(|text| FlatFile { path: path.to_path_buf(), text }).map_err(|e| unreadable(path, e))
 }
 
-fn unreadable(path: &Path, e: &std::io::Error) -> CniError {
-    CniError::new(code::INVALID_CONFIG, format!("cannot read flat configuration file {}: {e}", path.display())).with_details(path.display().to_string())
+fn unreadable(path: &Path, e: std::io::Error) -> ConfigLoadError {
+    ConfigLoadError::FlatFile { path: path.to_path_buf(), source: e }
 }
 
 #[cfg(test)]
@@ -91,11 +100,10 @@ mod tests {
         // A directory with neither name does not count as a flat file.
         fs::create_dir_all(dir.join("empty")).unwrap();
         assert_eq!(find_flat_file(&[s("empty")]).unwrap(), None);
-        // Found but unreadable (here: a directory where the file should be) is code 7.
+        // Found but unreadable (here: a directory where the file should be) names the file.
         fs::create_dir_all(dir.join("bad/whereabouts.conf")).unwrap();
         let e = find_flat_file(&[s("bad")]).unwrap_err();
-        assert_eq!(e.code, 7);
-        assert!(e.msg.contains("bad/whereabouts.conf"), "{}", e.msg);
+        assert!(matches!(&e, ConfigLoadError::FlatFile { path, .. } if path.ends_with("bad/whereabouts.conf")), "{e:?}");
         fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -12,8 +12,9 @@ use thereabouts_allocator::model::{Assignment, NormalizedConfig};
 
 use super::env::{Command, CniEnv};
 use super::error::{CniError, code};
-use super::result::{IpConfig, IpamResult, pretty};
-use crate::component::EngineComponent;
+use super::result::{IpConfig, IpamResult};
+use crate::json::pretty;
+use crate::component::{EngineComponent, EngineFailure};
 use crate::datastore::{self, Datastore, retry};
 use crate::ipam::{self, Attachment};
 use crate::logging;
@@ -27,7 +28,7 @@ pub fn execute(env: &CniEnv, stdin: &str) -> Result<Option<String>, CniError> {
         return Ok(Some(version(stdin)));
     }
     let started = Instant::now();
-    let mut engine = EngineComponent::load().map_err(network_config::engine_failure)?;
+    let mut engine = EngineComponent::load().map_err(EngineFailure)?;
     let engine_loaded = Instant::now();
     let (config, flat) = network_config::load(&mut engine, stdin, &env.args)?;
     let configured = Instant::now();
@@ -246,8 +247,8 @@ fn status(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normaliz
     require_version(config, Command::Status, "1.1.0")?;
     let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
     store.check_usable().map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
-    let pools = ipam::snapshots(store, config).map_err(|e| unavailable(format!("datastore unusable: {}", e.msg)))?;
-    let next = engine.preview(config, &pools, 1).map_err(network_config::engine_failure)?;
+    let pools = ipam::snapshots(store, config).map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
+    let next = engine.preview(config, &pools, 1).map_err(EngineFailure)?;
     for (range, outcome) in config.ranges.iter().zip(next.first().map(Vec::as_slice).unwrap_or_default()) {
         if outcome.assignment().is_none() {
             return Err(unavailable(format!("no free address in range {} (pool {})", range.cidr, range.pool_name)));

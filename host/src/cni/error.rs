@@ -1,8 +1,15 @@
 //! The CNI error result: `{"cniVersion", "code", "msg", "details"}` printed on
-//! stdout with a non-zero exit (CNI spec "Error"), and the codes we use.
+//! stdout with a non-zero exit (CNI spec "Error"), the codes we use, and the one
+//! place where the other layers' errors get a code. Like libcni's skel, the
+//! layers below keep typed errors; what has no better code becomes 999.
 
 use serde_json::{Map, Value};
 use thereabouts_allocator::ConfigError;
+
+use crate::component::EngineFailure;
+use crate::datastore::DatastoreError;
+use crate::ipam::IpamError;
+use crate::network_config::ConfigLoadError;
 
 /// Well-known CNI error codes (spec "Error codes") and libcni's internal code.
 pub mod code {
@@ -49,16 +56,82 @@ impl CniError {
         if !self.details.is_empty() {
             doc.insert("details".into(), Value::from(self.details.as_str()));
         }
-        crate::cni::result::pretty(&Value::Object(doc))
+        crate::json::pretty(&Value::Object(doc))
     }
+}
+
+/// The field a config error names goes to `details`, so tools can point at it
+/// without parsing the message.
+fn field_details(field: &str) -> String {
+    if field.is_empty() { String::new() } else { format!("field: {field}") }
 }
 
 impl From<ConfigError> for CniError {
     /// The engine already chose the CNI code (1, 4, 6 or 7); the field goes to details
     /// so tools can point at it without parsing the message.
     fn from(e: ConfigError) -> Self {
-        let details = if e.field.is_empty() { String::new() } else { format!("field: {}", e.field) };
-        Self { code: e.code, msg: e.message, details }
+        Self { code: e.code, details: field_details(&e.field), msg: e.message }
+    }
+}
+
+impl From<EngineFailure> for CniError {
+    fn from(e: EngineFailure) -> Self {
+        CniError::new(code::INTERNAL, e.to_string())
+    }
+}
+
+impl From<ConfigLoadError> for CniError {
+    fn from(e: ConfigLoadError) -> Self {
+        match e {
+            ConfigLoadError::Invalid(e) => e.into(),
+            ConfigLoadError::Engine(e) => e.into(),
+            ConfigLoadError::FlatFile { ref path, .. } => CniError::new(code::INVALID_CONFIG, e.to_string()).with_details(path.display().to_string()),
+        }
+    }
+}
+
+/// 11 ("try again later") for what may heal by itself, 7 for a datastore that is
+/// wrong in the config, 999 otherwise.
+fn datastore_code(e: &DatastoreError) -> u32 {
+    match e {
+        DatastoreError::Conflict { .. }
+        | DatastoreError::Reserved { .. }
+        | DatastoreError::Timeout { .. }
+        | DatastoreError::Io { .. }
+        | DatastoreError::Unavailable { .. }
+        | DatastoreError::EtcdUnavailable { .. } => code::TRY_AGAIN_LATER,
+        DatastoreError::NotADirectory { .. }
+        | DatastoreError::Unconfigured { .. }
+        | DatastoreError::Kubeconfig { .. }
+        | DatastoreError::EtcdConfig { .. } => code::INVALID_CONFIG,
+        DatastoreError::Corrupt { .. }
+        | DatastoreError::Inconsistent { .. }
+        | DatastoreError::Denied { .. }
+        | DatastoreError::Rejected { .. }
+        | DatastoreError::Malformed { .. }
+        | DatastoreError::EtcdDenied { .. }
+        | DatastoreError::EtcdRejected { .. } => code::INTERNAL,
+    }
+}
+
+impl From<DatastoreError> for CniError {
+    fn from(e: DatastoreError) -> Self {
+        let details = match &e {
+            DatastoreError::Unconfigured { field, .. } => field_details(field),
+            _ => String::new(),
+        };
+        CniError::new(datastore_code(&e), e.to_string()).with_details(details)
+    }
+}
+
+impl From<IpamError> for CniError {
+    fn from(e: IpamError) -> Self {
+        match e {
+            IpamError::Datastore(e) => e.into(),
+            IpamError::Engine(e) => e.into(),
+            IpamError::Refused(e) => e.into(),
+            IpamError::Unplaceable { .. } | IpamError::EngineAnswer { .. } => CniError::new(code::INTERNAL, e.to_string()),
+        }
     }
 }
 
@@ -76,6 +149,16 @@ mod tests {
         assert_eq!(v["details"], "ipam.range");
         let v: Value = serde_json::from_str(&CniError::new(4, "x").to_json(None)).unwrap();
         assert!(v.get("cniVersion").is_none() && v.get("details").is_none());
+    }
+
+    #[test]
+    fn datastore_errors_get_the_code_of_what_the_runtime_should_do() {
+        let busy = DatastoreError::Timeout { what: "ADD".into() };
+        assert_eq!(CniError::from(busy).code, code::TRY_AGAIN_LATER);
+        let unset = CniError::from(DatastoreError::Unconfigured { field: "ipam.datastore", message: "ipam.datastore is not set".into() });
+        assert_eq!((unset.code, unset.msg.as_str(), unset.details.as_str()), (7, "ipam.datastore is not set", "field: ipam.datastore"));
+        let denied = DatastoreError::Denied { server: "s".into(), action: "a".into(), detail: "d".into() };
+        assert_eq!(CniError::from(IpamError::from(denied)).code, code::INTERNAL);
     }
 
     #[test]

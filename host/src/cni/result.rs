@@ -6,11 +6,11 @@
 //! IPAM plugins return no `interfaces` and no `ips[].interface`. The output is
 //! pretty-printed with a 4-space indent, as the reference library prints it.
 
-use serde::Serialize;
 use serde_json::{Map, Value};
 use thereabouts_allocator::ip::Family;
 
 use super::error::{CniError, code};
+use crate::json::pretty;
 
 /// One address of the result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,19 +143,6 @@ impl IpamResult {
     pub fn to_json(&self, cni_version: &str) -> Result<String, CniError> {
         Ok(pretty(&self.to_value(cni_version)?))
     }
-}
-
-/// JSON with a 4-space indent and a trailing newline.
-pub fn pretty(value: &impl Serialize) -> String {
-    let mut out = Vec::new();
-    let mut serializer = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(b"    "));
-    // Serializing a Value or a derive(Serialize) type into a Vec cannot fail.
-    if value.serialize(&mut serializer).is_err() {
-        return "{}\n".into();
-    }
-    let mut text = String::from_utf8_lossy(&out).into_owned();
-    text.push('\n');
-    text
 }
 
 #[cfg(test)]

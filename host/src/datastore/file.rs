@@ -384,7 +384,7 @@ fn encode(pool: &PoolId, entries: &BTreeMap<u128, Allocation>) -> Vec<u8> {
         .iter()
         .map(|(&offset, a)| (offset, EntryDoc { id: Cow::Borrowed(&a.container_id), podref: Cow::Borrowed(&a.pod_ref), ifname: Cow::Borrowed(&a.ifname) }))
         .collect();
-    crate::cni::result::pretty(&PoolDoc { range: Cow::Borrowed(&pool.cidr), allocations }).into_bytes()
+    crate::json::pretty(&PoolDoc { range: Cow::Borrowed(&pool.cidr), allocations }).into_bytes()
 }
 
 fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Vec<Allocation>, DatastoreError> {

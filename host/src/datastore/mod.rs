@@ -16,8 +16,6 @@ use std::time::Instant;
 
 use thereabouts_allocator::model::{Allocation, DatastoreSettings};
 
-use crate::cni::error::{CniError, code};
-
 /// Where `"datastore": "file"` keeps its pools when `data_dir` is not set.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/thereabouts";
 
@@ -121,6 +119,10 @@ pub enum DatastoreError {
     /// installed, an object the schema rejects, TLS verification failure, ...).
     #[error("Kubernetes API server {server} rejected {action}: {detail}")]
     Rejected { server: String, action: String, detail: String },
+    /// The config does not say which datastore to use, names one this build does
+    /// not have, or lacks a setting the chosen one needs.
+    #[error("{message}")]
+    Unconfigured { field: &'static str, message: String },
     /// The kubeconfig named by `kubernetes.kubeconfig` cannot be used.
     #[error("kubeconfig {path} is unusable: {detail}")]
     Kubeconfig { path: PathBuf, detail: String },
@@ -148,33 +150,6 @@ pub enum DatastoreError {
 impl DatastoreError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         DatastoreError::Io { path: path.into(), source }
-    }
-
-    /// The CNI code a runtime sees: 11 ("try again later") for what may heal by
-    /// itself, 7 for a datastore location that is wrong in the config, 999 otherwise.
-    pub fn cni_code(&self) -> u32 {
-        match self {
-            DatastoreError::Conflict { .. }
-            | DatastoreError::Reserved { .. }
-            | DatastoreError::Timeout { .. }
-            | DatastoreError::Io { .. }
-            | DatastoreError::Unavailable { .. }
-            | DatastoreError::EtcdUnavailable { .. } => code::TRY_AGAIN_LATER,
-            DatastoreError::NotADirectory { .. } | DatastoreError::Kubeconfig { .. } | DatastoreError::EtcdConfig { .. } => code::INVALID_CONFIG,
-            DatastoreError::Corrupt { .. }
-            | DatastoreError::Inconsistent { .. }
-            | DatastoreError::Denied { .. }
-            | DatastoreError::Rejected { .. }
-            | DatastoreError::Malformed { .. }
-            | DatastoreError::EtcdDenied { .. }
-            | DatastoreError::EtcdRejected { .. } => code::INTERNAL,
-        }
-    }
-}
-
-impl From<DatastoreError> for CniError {
-    fn from(e: DatastoreError) -> Self {
-        CniError::new(e.cni_code(), e.to_string())
     }
 }
 
@@ -298,7 +273,7 @@ impl UpdateLock {
 
 /// The datastore a network config asks for. There is no silent default: a config
 /// must say where its allocations live.
-pub fn open(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, CniError> {
+pub fn open(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, DatastoreError> {
     match settings.kind.as_deref() {
         Some("file") => {
             let dir = settings.data_dir.as_deref().filter(|d| !d.is_empty()).unwrap_or(DEFAULT_DATA_DIR);
@@ -308,24 +283,23 @@ pub fn open(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, CniError
         Some("etcd") => Ok(Box::new(etcd::EtcdStore::open(settings)?)),
         // whereabouts' behaviour: a kubeconfig means the Kubernetes datastore.
         None if settings.kubeconfig.as_deref().is_some_and(|k| !k.is_empty()) => open_kubernetes(settings),
-        None => Err(CniError::new(
-            code::INVALID_CONFIG,
-            "ipam.datastore is not set: choose \"file\" (node-local, with \"data_dir\"), \"kubernetes\" (with \"kubernetes\": {\"kubeconfig\": ...}) or \"etcd\" (with \"etcd_host\")",
-        )
-        .with_details("field: ipam.datastore")),
-        Some(other) => Err(CniError::new(code::INVALID_CONFIG, format!("unknown datastore {other:?}: choose \"file\", \"kubernetes\" or \"etcd\""))),
+        None => Err(DatastoreError::Unconfigured {
+            field: "ipam.datastore",
+            message: "ipam.datastore is not set: choose \"file\" (node-local, with \"data_dir\"), \"kubernetes\" (with \"kubernetes\": {\"kubeconfig\": ...}) or \"etcd\" (with \"etcd_host\")".into(),
+        }),
+        Some(other) => Err(DatastoreError::Unconfigured {
+            field: "ipam.datastore",
+            message: format!("unknown datastore {other:?}: choose \"file\", \"kubernetes\" or \"etcd\""),
+        }),
     }
 }
 
 /// The Kubernetes datastore: `IPPool`s and reservations in the namespace of the
 /// kubeconfig's current context. Only this path loads anything kube-related.
-fn open_kubernetes(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, CniError> {
-    let path = settings.kubeconfig.as_deref().filter(|k| !k.is_empty()).ok_or_else(|| {
-        CniError::new(
-            code::INVALID_CONFIG,
-            "the kubernetes datastore needs \"kubernetes\": {\"kubeconfig\": \"<path>\"} in the ipam section or the flat file",
-        )
-        .with_details("field: ipam.kubernetes.kubeconfig")
+fn open_kubernetes(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, DatastoreError> {
+    let path = settings.kubeconfig.as_deref().filter(|k| !k.is_empty()).ok_or_else(|| DatastoreError::Unconfigured {
+        field: "ipam.kubernetes.kubeconfig",
+        message: "the kubernetes datastore needs \"kubernetes\": {\"kubeconfig\": \"<path>\"} in the ipam section or the flat file".into(),
     })?;
     Ok(Box::new(kubernetes::KubernetesStore::open(std::path::Path::new(path))?))
 }
@@ -337,24 +311,22 @@ mod tests {
     #[test]
     fn no_silent_default_datastore() {
         let e = open(&DatastoreSettings::default()).err().unwrap();
-        assert_eq!(e.code, 7);
+        assert!(matches!(e, DatastoreError::Unconfigured { field: "ipam.datastore", .. }), "{e:?}");
         for choice in ["\"file\"", "\"kubernetes\"", "\"etcd\""] {
-            assert!(e.msg.contains(choice), "{}", e.msg);
+            assert!(e.to_string().contains(choice), "{e}");
         }
         // A kubeconfig alone selects the Kubernetes datastore (whereabouts'
         // behaviour); a missing file is a config error naming it.
         let k8s = DatastoreSettings { kubeconfig: Some("/nonexistent/thereabouts.kubeconfig".into()), ..Default::default() };
         let e = open(&k8s).err().unwrap();
-        assert_eq!(e.code, 7, "{e:?}");
-        assert!(e.msg.contains("/nonexistent/thereabouts.kubeconfig"), "{}", e.msg);
+        assert!(matches!(&e, DatastoreError::Kubeconfig { path, .. } if path.ends_with("thereabouts.kubeconfig")), "{e:?}");
         let no_kubeconfig = DatastoreSettings { kind: Some("kubernetes".into()), ..Default::default() };
         let e = open(&no_kubeconfig).err().unwrap();
-        assert_eq!((e.code, e.details.as_str()), (7, "field: ipam.kubernetes.kubeconfig"));
+        assert!(matches!(e, DatastoreError::Unconfigured { field: "ipam.kubernetes.kubeconfig", .. }), "{e:?}");
         // etcd without an endpoint: a config error naming the key.
         let etcd = DatastoreSettings { kind: Some("etcd".into()), ..Default::default() };
         let e = open(&etcd).err().unwrap();
-        assert_eq!(e.code, 7, "{e:?}");
-        assert!(e.msg.contains("etcd_host"), "{}", e.msg);
+        assert!(matches!(&e, DatastoreError::EtcdConfig { detail } if detail.contains("etcd_host")), "{e:?}");
         let etcd = DatastoreSettings { etcd_hosts: vec!["127.0.0.1:2379".into()], ..etcd };
         assert!(open(&etcd).unwrap().describe().contains("prefix /thereabouts/ at http://127.0.0.1:2379"));
         let file = DatastoreSettings { kind: Some("file".into()), ..Default::default() };
