@@ -12,6 +12,8 @@
 //!   --concurrency W,M: afterwards, W processes at once x M ADDs each, then as many DELs,
 //!   on each plugin in turn (default 16,15; 0 skips): throughput and per-call tail.
 //!   W x M must fit the IPv4 documentation range 192.0.2.0/24 (at most 253).
+//!   --also NAME=BIN[,NAME2=BIN2...]: more thereabouts binaries measured in the same
+//!   interleaved rounds (e.g. the build before a change: before/after in one run).
 //! Build first: bash scripts/build-plugin.sh && cargo build --release -p thereabouts-e2e
 
 use serde_json::json;
@@ -22,7 +24,7 @@ use thereabouts_e2e::*;
 const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
 
 struct Side {
-    name: &'static str,
+    name: String,
     bin: std::path::PathBuf,
     conf: String,
     add: Vec<Duration>,
@@ -96,6 +98,7 @@ fn main() {
     let mut rounds = 300usize;
     let mut prefills = vec![0usize, 100];
     let mut conc = (16usize, 15usize);
+    let mut also: Vec<(String, std::path::PathBuf)> = Vec::new();
     let mut bases = vec![std::env::temp_dir()];
     if Path::new("/dev/shm").is_dir() {
         bases.push("/dev/shm".into());
@@ -115,6 +118,16 @@ fn main() {
                     .collect();
                 i += 1;
             }
+            "--also" => {
+                also = args[i + 1]
+                    .split(',')
+                    .map(|s| {
+                        let (name, bin) = s.split_once('=').expect("--also NAME=BIN");
+                        (name.to_string(), bin.into())
+                    })
+                    .collect();
+                i += 1;
+            }
             "--base" => {
                 bases = args[i + 1].split(',').map(Into::into).collect();
                 i += 1;
@@ -130,7 +143,7 @@ fn main() {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: bench_host_local [--rounds N] [--prefill K[,K2...]] [--base DIR[,DIR2...]]"
+                    "usage: bench_host_local [--rounds N] [--prefill K[,K2...]] [--base DIR[,DIR2...]] [--concurrency W,M] [--also NAME=BIN,...]"
                 );
                 return;
             }
@@ -166,6 +179,10 @@ fn main() {
     println!(
         "machine: {cpus} CPU(s) visible; {rounds} interleaved rounds per scenario (order alternates each round), 10 warm-up rounds"
     );
+    for (name, bin) in &also {
+        let size = std::fs::metadata(bin).unwrap().len();
+        println!("{name} binary: {} ({size} bytes = {:.2} MiB)", bin.display(), size as f64 / 1048576.0);
+    }
     let (vt, vh) = (
         version_cost(&thab, 50),
         version_cost(Path::new(HOST_LOCAL), 50),
@@ -175,6 +192,9 @@ fn main() {
         ms(vt),
         ms(vh)
     );
+    for (name, bin) in &also {
+        println!("process floor of {name}: {}", ms(version_cost(bin, 50)));
+    }
 
     for (base, &prefill) in bases
         .iter()
@@ -197,9 +217,9 @@ fn main() {
                      "ranges": [[{"subnet": "192.0.2.0/24"}], [{"subnet": "2001:db8::/64"}]]}
         })
         .to_string();
-        let mut sides = [
+        let mut sides = vec![
             Side {
-                name: "thereabouts",
+                name: "thereabouts".into(),
                 bin: thab.clone(),
                 conf: thab_conf,
                 add: vec![],
@@ -207,7 +227,7 @@ fn main() {
                 both: vec![],
             },
             Side {
-                name: "host-local",
+                name: "host-local".into(),
                 bin: HOST_LOCAL.into(),
                 conf: hl_conf,
                 add: vec![],
@@ -215,6 +235,11 @@ fn main() {
                 both: vec![],
             },
         ];
+        for (name, bin) in &also {
+            let dir = tmp.sub(name);
+            let conf = thereabouts_conf("1.0.0", "thab-bench", &dir, None, &["192.0.2.0/24", "2001:db8::/64"]).to_string();
+            sides.push(Side { name: name.clone(), bin: bin.clone(), conf, add: vec![], del: vec![], both: vec![] });
+        }
         for s in sides.iter_mut() {
             for k in 0..prefill {
                 s.call("ADD", &format!("fill-{k}"));
@@ -225,12 +250,10 @@ fn main() {
         }
         for r in 0..rounds {
             let cid = format!("bench-{r}");
-            if r % 2 == 0 {
-                sides[0].round(&cid, true);
-                sides[1].round(&cid, true);
-            } else {
-                sides[1].round(&cid, true);
-                sides[0].round(&cid, true);
+            // Every side goes first equally often (two sides: alternating).
+            let n = sides.len();
+            for k in 0..n {
+                sides[(r + k) % n].round(&cid, true);
             }
         }
         println!();
@@ -255,22 +278,25 @@ fn main() {
                 format!("{} / {}", ms(b50), ms(b90))
             );
         }
-        let r = |f: fn(&Side) -> &Vec<Duration>, p: usize| {
-            let (t50, t90) = stats(f(&sides[0]));
-            let (h50, h90) = stats(f(&sides[1]));
-            if p == 50 {
-                t50.as_secs_f64() / h50.as_secs_f64()
-            } else {
-                t90.as_secs_f64() / h90.as_secs_f64()
-            }
-        };
-        println!(
-            "ratio thereabouts/host-local: ADD {:.2}x, DEL {:.2}x, ADD+DEL {:.2}x (medians); ADD+DEL p90 {:.2}x  [target <= 0.50x]",
-            r(|s| &s.add, 50),
-            r(|s| &s.del, 50),
-            r(|s| &s.both, 50),
-            r(|s| &s.both, 90)
-        );
+        for (k, side) in sides.iter().enumerate().filter(|(k, _)| *k != 1) {
+            let r = |f: fn(&Side) -> &Vec<Duration>, p: usize| {
+                let (t50, t90) = stats(f(&sides[k]));
+                let (h50, h90) = stats(f(&sides[1]));
+                if p == 50 {
+                    t50.as_secs_f64() / h50.as_secs_f64()
+                } else {
+                    t90.as_secs_f64() / h90.as_secs_f64()
+                }
+            };
+            println!(
+                "ratio {}/host-local: ADD {:.2}x, DEL {:.2}x, ADD+DEL {:.2}x (medians); ADD+DEL p90 {:.2}x  [target <= 0.50x]",
+                side.name,
+                r(|s| &s.add, 50),
+                r(|s| &s.del, 50),
+                r(|s| &s.both, 50),
+                r(|s| &s.both, 90)
+            );
+        }
     }
     if conc.0 > 0 {
         concurrent(&thab, conc.0, conc.1, &std::env::temp_dir());
@@ -304,9 +330,9 @@ fn concurrent(thab: &Path, w: usize, m: usize, base: &Path) {
     let thab_dir = tmp.sub("thereabouts");
     let hl_dir = tmp.sub("host-local");
     let sides = [
-        Side { name: "thereabouts", bin: thab.into(), conf: thereabouts_conf("1.0.0", "thab-bench", &thab_dir, None, &[v4, v6]).to_string(), add: vec![], del: vec![], both: vec![] },
+        Side { name: "thereabouts".into(), bin: thab.into(), conf: thereabouts_conf("1.0.0", "thab-bench", &thab_dir, None, &[v4, v6]).to_string(), add: vec![], del: vec![], both: vec![] },
         Side {
-            name: "host-local",
+            name: "host-local".into(),
             bin: HOST_LOCAL.into(),
             conf: json!({"cniVersion": "1.0.0", "name": "thab-bench", "type": "thab-e2e",
                 "ipam": {"type": "host-local", "dataDir": hl_dir.to_str().unwrap(), "ranges": [[{"subnet": v4}], [{"subnet": v6}]]}})
