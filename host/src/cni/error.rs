@@ -98,8 +98,7 @@ fn datastore_code(e: &DatastoreError) -> u32 {
         | DatastoreError::Reserved { .. }
         | DatastoreError::Timeout { .. }
         | DatastoreError::Io { .. }
-        | DatastoreError::Unavailable { .. }
-        | DatastoreError::EtcdUnavailable { .. } => code::TRY_AGAIN_LATER,
+        | DatastoreError::Unavailable { .. } => code::TRY_AGAIN_LATER,
         DatastoreError::NotADirectory { .. }
         | DatastoreError::Unconfigured { .. }
         | DatastoreError::Kubeconfig { .. }
@@ -108,9 +107,7 @@ fn datastore_code(e: &DatastoreError) -> u32 {
         | DatastoreError::Inconsistent { .. }
         | DatastoreError::Denied { .. }
         | DatastoreError::Rejected { .. }
-        | DatastoreError::Malformed { .. }
-        | DatastoreError::EtcdDenied { .. }
-        | DatastoreError::EtcdRejected { .. } => code::INTERNAL,
+        | DatastoreError::Malformed { .. } => code::INTERNAL,
     }
 }
 

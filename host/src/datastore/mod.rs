@@ -6,6 +6,7 @@
 //! so a backend never decides which address anyone gets.
 
 pub mod etcd;
+pub mod failure;
 pub mod file;
 pub mod kubernetes;
 pub mod pool_file;
@@ -107,17 +108,18 @@ pub enum DatastoreError {
     /// A change that contradicts the pool's content (a bug, never expected).
     #[error("inconsistent change to pool {pool}: {detail}")]
     Inconsistent { pool: String, detail: String },
-    /// The Kubernetes API server could not be reached, did not answer in time,
-    /// throttled us or failed internally (429, 5xx): may heal by itself.
-    #[error("Kubernetes API server {server} unavailable while {action}: {detail}")]
+    /// A shared store (the Kubernetes API server, etcd) could not be reached,
+    /// did not answer in time, throttled us, has no leader or failed internally:
+    /// may heal by itself. `server` names the store and its address.
+    #[error("{server} unavailable while {action}: {detail}")]
     Unavailable { server: String, action: String, detail: String },
-    /// The Kubernetes API server refused our credentials (401) or our identity's
-    /// permissions (403): the install (token, RBAC) needs fixing.
-    #[error("Kubernetes API server {server} denied {action}: {detail}")]
+    /// A shared store refused our credentials or our identity's permissions:
+    /// the install (token, RBAC, etcd user and role) needs fixing.
+    #[error("{server} denied {action}: {detail}")]
     Denied { server: String, action: String, detail: String },
-    /// Any other answer the Kubernetes datastore cannot work with (CRDs not
+    /// Any other answer of a shared store we cannot work with (CRDs not
     /// installed, an object the schema rejects, TLS verification failure, ...).
-    #[error("Kubernetes API server {server} rejected {action}: {detail}")]
+    #[error("{server} rejected {action}: {detail}")]
     Rejected { server: String, action: String, detail: String },
     /// The config does not say which datastore to use, names one this build does
     /// not have, or lacks a setting the chosen one needs.
@@ -129,18 +131,6 @@ pub enum DatastoreError {
     /// A stored object this build cannot read (e.g. an `IPPool` without a usable `spec`).
     #[error("{object} is unreadable: {detail}")]
     Malformed { object: String, detail: String },
-    /// etcd could not be reached, did not answer in time or has no leader: may
-    /// heal by itself.
-    #[error("etcd {endpoints} unavailable while {action}: {detail}")]
-    EtcdUnavailable { endpoints: String, action: String, detail: String },
-    /// etcd refused our user or password, or the user's role lacks a permission
-    /// on the prefix: the install needs fixing.
-    #[error("etcd {endpoints} denied {action}: {detail} (check etcd_username, etcd_password and the user's role on the prefix)")]
-    EtcdDenied { endpoints: String, action: String, detail: String },
-    /// Any other failure retrying will not fix (TLS verification, a request etcd
-    /// rejects).
-    #[error("etcd {endpoints} rejected {action}: {detail}")]
-    EtcdRejected { endpoints: String, action: String, detail: String },
     /// The etcd settings cannot be used (no `etcd_host`, a certificate file that
     /// cannot be read, ...).
     #[error("etcd datastore config unusable: {detail}")]

@@ -3,16 +3,9 @@
 //! role permissions) or rejected (TLS trouble and anything else retrying will
 //! not fix).
 
-use std::error::Error as _;
-
 use tonic::Code;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    Transient,
-    Denied,
-    Rejected,
-}
+use crate::datastore::failure::{Class, cause_chain};
 
 /// Texts etcd answers a bad user, password or token with (its auth errors are
 /// `InvalidArgument`, `FailedPrecondition` or `PermissionDenied` gRPC statuses).
@@ -57,20 +50,11 @@ pub fn classify(error: &etcd_client::Error) -> (Class, String) {
 
 /// The error with its causes (`a: b: c`); a gRPC status as its message alone.
 pub fn error_text(error: &etcd_client::Error) -> String {
-    let mut text = match error {
+    let head = match error {
         etcd_client::Error::GRpcStatus(status) => format!("{:?}: {}", status.code(), status.message()),
         other => other.to_string(),
     };
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    cause_chain(head, error)
 }
 
 #[cfg(test)]

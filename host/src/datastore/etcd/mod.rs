@@ -27,12 +27,12 @@
 //! - Uncontended ADD: one read of the pool keys (a GET for one range, a
 //!   read-only transaction for several), then one transaction for all ranges
 //!   (plus one read of the reservation keys with `enable_overlapping_ranges`).
-//! - Failures: unreachable, timed out, no leader are [`DatastoreError::EtcdUnavailable`]
+//! - Failures: unreachable, timed out, no leader are [`DatastoreError::Unavailable`]
 //!   (CNI code 11). A commit that timed out may still have landed: the runtime's
 //!   retry of the ADD finds the entry and keeps it (idempotent), and a DEL
 //!   finds it too, so nothing is ever half-written. Wrong user or password,
-//!   missing permissions: [`DatastoreError::EtcdDenied`]; TLS trouble:
-//!   [`DatastoreError::EtcdRejected`]; unreadable settings or certificate files:
+//!   missing permissions: [`DatastoreError::Denied`]; TLS trouble:
+//!   [`DatastoreError::Rejected`]; unreadable settings or certificate files:
 //!   [`DatastoreError::EtcdConfig`] (code 7). Every request is bounded by the
 //!   call's deadline and by [`REQUEST_TIMEOUT`].
 //! - Shared by every node: CNI GC removes nothing here (see
@@ -58,7 +58,7 @@ use thereabouts_allocator::model::DatastoreSettings;
 use super::retry;
 use super::{Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 use crate::logging;
-use failure::Class;
+use super::failure::Class;
 use layout::{Layout, PoolValue, ReservationValue};
 use settings::Settings;
 use txn::{CommitTxn, Guard, Reads, Refusal, StoredReservation, Write};
@@ -141,13 +141,11 @@ impl EtcdStore {
     }
 
     fn error(&self, class: Class, action: &str, detail: String) -> DatastoreError {
-        let endpoints = self.settings.endpoints_text();
-        let action = action.to_string();
-        match class {
-            Class::Transient => DatastoreError::EtcdUnavailable { endpoints, action, detail },
-            Class::Denied => DatastoreError::EtcdDenied { endpoints, action, detail },
-            Class::Rejected => DatastoreError::EtcdRejected { endpoints, action, detail },
-        }
+        let detail = match class {
+            Class::Denied => format!("{detail} (check etcd_username, etcd_password and the user's role on the prefix)"),
+            _ => detail,
+        };
+        class.error(format!("etcd {}", self.settings.endpoints_text()), action, detail)
     }
 
     fn client_error(&self, e: &etcd_client::Error, action: &str) -> DatastoreError {

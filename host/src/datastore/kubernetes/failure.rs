@@ -4,19 +4,11 @@
 
 use kube::core::Status;
 
-use super::kubeconfig::error_text;
+use crate::datastore::failure::{Class, cause_chain};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    /// Unreachable, timed out, throttled (429) or failing inside (5xx).
-    Transient,
-    /// 401 or 403.
-    Denied,
-    /// Any other answer (400, 404 of a resource type, 422 of a schema, TLS, ...).
-    Rejected,
-}
-
-/// The class of an HTTP status an API call answered with.
+/// The class of an HTTP status an API call answered with: 401 and 403 are
+/// denied; 408, 429 and 5xx transient; any other answer (400, 404 of a resource
+/// type, 422 of a schema, ...) rejected.
 pub fn classify(code: u16) -> Class {
     match code {
         401 | 403 => Class::Denied,
@@ -78,7 +70,7 @@ pub fn describe_status(status: &Status) -> String {
 
 /// A failure before any HTTP answer: the class and a readable cause.
 pub fn transport(error: &kube::Error) -> (Class, String) {
-    let text = error_text(error);
+    let text = cause_chain(error.to_string(), error);
     let lower = text.to_ascii_lowercase();
     let class = match error {
         kube::Error::Auth(_) => Class::Denied,

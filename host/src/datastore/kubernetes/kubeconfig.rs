@@ -6,6 +6,8 @@ use std::path::Path;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use crate::datastore::failure::cause_chain;
+
 /// Where pools and reservations live when the current context names no namespace.
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
 
@@ -40,19 +42,9 @@ pub async fn client_config(config: Kubeconfig) -> Result<kube::Config, String> {
     kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default()).await.map_err(|e| error_text(&e))
 }
 
-/// `e: source: source ...`, without repeating a source its parent already printed.
+/// `e: source: source ...` (see [`cause_chain`]).
 pub fn error_text(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    text
+    cause_chain(e.to_string(), e)
 }
 
 #[cfg(test)]

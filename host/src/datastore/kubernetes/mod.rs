@@ -119,7 +119,7 @@ use super::retry::{self, Backoff};
 use super::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 use crate::logging;
 use crd::{IPPOOLS, PoolObject, RESERVATIONS};
-use failure::Class;
+use super::failure::Class;
 
 /// Longest wait for one answer, whatever the call's budget (whereabouts: 10 s).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -366,12 +366,7 @@ impl KubernetesStore {
     }
 
     fn failure(&self, class: Class, action: &str, detail: String) -> DatastoreError {
-        let (server, action) = (self.server.clone(), action.to_string());
-        match class {
-            Class::Transient => DatastoreError::Unavailable { server, action, detail },
-            Class::Denied => DatastoreError::Denied { server, action, detail },
-            Class::Rejected => DatastoreError::Rejected { server, action, detail },
-        }
+        class.error(format!("Kubernetes API server {}", self.server), action, detail)
     }
 
     fn unavailable(&self, action: &str, detail: String) -> DatastoreError {
