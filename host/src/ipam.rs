@@ -110,7 +110,8 @@ fn commit_loop<T>(
     what: &str,
     mut attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
 ) -> Result<T, IpamError> {
-    let mut backoff = store.conflict_backoff();
+    let (first, longest) = store.capabilities().conflict_pauses;
+    let mut backoff = crate::datastore::retry::Backoff::between(first, longest);
     let mut conflicts = 0u32;
     loop {
         // Taken anew for every attempt: a pool that did not exist at the first
@@ -152,7 +153,7 @@ fn commit_loop<T>(
 /// Whether this call keeps cluster-wide reservations (whereabouts'
 /// `enable_overlapping_ranges`, on by default) in a store that holds them.
 fn reserves(store: &dyn Datastore, config: &NormalizedConfig) -> bool {
-    config.enable_overlapping_ranges && store.keeps_reservations()
+    config.enable_overlapping_ranges && store.capabilities().reservations
 }
 
 /// The reservation name of an address (whereabouts' ORIP name, scoped by `network_name`).
@@ -300,7 +301,7 @@ pub fn collect_garbage(
     valid: &HashSet<(String, String)>,
     deadline: Instant,
 ) -> Result<Vec<(PoolId, Allocation)>, IpamError> {
-    if store.shared_by_nodes() {
+    if store.capabilities().shared_by_nodes {
         crate::logging::verbose(format!("GC: {} is shared by every node; this node's runtime cannot tell which entries are garbage, nothing removed", store.describe()));
         return Ok(Vec::new());
     }
@@ -427,6 +428,9 @@ mod tests {
         }
         fn check_usable(&self) -> Result<(), DatastoreError> {
             Ok(())
+        }
+        fn capabilities(&self) -> crate::datastore::Capabilities {
+            crate::datastore::Capabilities::NODE_LOCAL
         }
         fn finish(&self, _deadline: Instant) {
             self.finished.set(self.finished.get() + 1);

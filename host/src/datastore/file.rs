@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use thereabouts_allocator::model::Allocation;
 
 use super::pool_file;
-use super::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
+use super::{Capabilities, Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 
 /// A pool file as found under the pool's lock: where its current version lies.
 struct OnDisk {
@@ -302,6 +302,10 @@ impl Datastore for FileStore {
             held.extend(guard.names.iter().map(|n| (n.clone(), None)));
         }
         Ok(UpdateLock::holding(guard))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NODE_LOCAL
     }
 
     fn check_usable(&self) -> Result<(), DatastoreError> {

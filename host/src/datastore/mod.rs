@@ -13,7 +13,7 @@ pub mod pool_file;
 pub mod retry;
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thereabouts_allocator::model::{Allocation, DatastoreSettings};
 
@@ -64,7 +64,7 @@ pub enum Change {
     /// Reserve the address of `holder` (an entry this update inserts) cluster-wide
     /// under `name` (whereabouts' `OverlappingRangeIPReservation`), so no
     /// overlapping range of another pool hands it out. Taken before any pool is
-    /// written. Only stores that [keep reservations](Datastore::keeps_reservations)
+    /// written. Only stores that [keep reservations](Capabilities::reservations)
     /// act on it; the others ignore it.
     Reserve { name: String, holder: Allocation },
     /// Drop the reservation `name` of `holder` (an entry this update removes), if
@@ -216,18 +216,8 @@ pub trait Datastore {
         Ok(UpdateLock::none())
     }
 
-    /// The pauses between attempts after a failed compare-and-swap
-    /// ([`DatastoreError::Conflict`]). Default: [`retry::Backoff::new`].
-    fn conflict_backoff(&self) -> retry::Backoff {
-        retry::Backoff::new()
-    }
-
-    /// Whether the store keeps cluster-wide address reservations
-    /// ([`Change::Reserve`], [`Change::Unreserve`]); callers skip computing them
-    /// for stores that do not.
-    fn keeps_reservations(&self) -> bool {
-        false
-    }
+    /// What kind of store this is, as far as the allocation cycle cares.
+    fn capabilities(&self) -> Capabilities;
 
     /// Offsets of `pool` this store found reserved by someone else (an address an
     /// overlapping range of another pool holds, or one a racing writer just took)
@@ -239,13 +229,31 @@ pub trait Datastore {
     fn reserved(&self, _pool: &PoolId) -> Vec<u128> {
         Vec::new()
     }
+}
 
-    /// Whether other nodes write the same pools (Kubernetes, etcd). CNI GC only
-    /// knows the attachments of this node's runtime, so it must not remove
-    /// entries from such a store: it cannot tell another node's live entry from
-    /// garbage.
-    fn shared_by_nodes(&self) -> bool {
-        false
+/// What differs between backends beyond how they read and write, in one value
+/// rather than a method per question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Other nodes write the same pools (Kubernetes, etcd). CNI GC only knows the
+    /// attachments of this node's runtime, so it must not remove entries from
+    /// such a store: it cannot tell another node's live entry from garbage.
+    pub shared_by_nodes: bool,
+    /// The store keeps cluster-wide address reservations ([`Change::Reserve`],
+    /// [`Change::Unreserve`]); callers skip computing them for stores that do not.
+    pub reservations: bool,
+    /// The first and the longest pause between attempts after a failed
+    /// compare-and-swap ([`DatastoreError::Conflict`]), each jittered
+    /// ([`retry::Backoff::between`]).
+    pub conflict_pauses: (Duration, Duration),
+}
+
+impl Capabilities {
+    /// A store only this node writes, without reservations, with the default pauses.
+    pub const NODE_LOCAL: Capabilities = Capabilities { shared_by_nodes: false, reservations: false, conflict_pauses: retry::DEFAULT_PAUSES };
+    /// A store every node writes, with reservations.
+    pub fn shared(conflict_pauses: (Duration, Duration)) -> Self {
+        Capabilities { shared_by_nodes: true, reservations: true, conflict_pauses }
     }
 }
 

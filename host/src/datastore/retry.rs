@@ -25,6 +25,8 @@ pub struct Backoff {
 
 const FIRST_PAUSE: Duration = Duration::from_millis(2);
 const MAX_PAUSE: Duration = Duration::from_millis(250);
+/// [`Backoff::new`]'s pauses: first and longest.
+pub const DEFAULT_PAUSES: (Duration, Duration) = (FIRST_PAUSE, MAX_PAUSE);
 
 impl Default for Backoff {
     fn default() -> Self {

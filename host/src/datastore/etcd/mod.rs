@@ -36,7 +36,7 @@
 //!   [`DatastoreError::EtcdConfig`] (code 7). Every request is bounded by the
 //!   call's deadline and by [`REQUEST_TIMEOUT`].
 //! - Shared by every node: CNI GC removes nothing here (see
-//!   [`Datastore::shared_by_nodes`]); stale entries of pods gone are a reconciler's job.
+//!   [`Capabilities::shared_by_nodes`]); stale entries of pods gone are a reconciler's job.
 //!
 //! The client runs on a private current-thread tokio runtime, so the
 //! [`Datastore`] trait stays synchronous, and connects on first use.
@@ -56,7 +56,7 @@ use etcd_client::{Certificate, Client, Compare, CompareOp, ConnectOptions, GetOp
 use thereabouts_allocator::model::DatastoreSettings;
 
 use super::retry;
-use super::{Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
+use super::{Capabilities, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 use crate::logging;
 use super::failure::Class;
 use layout::{Layout, PoolValue, ReservationValue};
@@ -353,22 +353,14 @@ impl Datastore for EtcdStore {
         Ok(UpdateLock::none())
     }
 
-    fn keeps_reservations(&self) -> bool {
-        true
-    }
-
-    fn conflict_backoff(&self) -> retry::Backoff {
-        retry::Backoff::between(FIRST_CONFLICT_PAUSE, MAX_CONFLICT_PAUSE)
+    /// Every node writes the same keys: GC cannot tell another node's live
+    /// entry from garbage, so it removes nothing (as with Kubernetes).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::shared((FIRST_CONFLICT_PAUSE, MAX_CONFLICT_PAUSE))
     }
 
     fn reserved(&self, pool: &PoolId) -> Vec<u128> {
         lock(&self.reserved).get(&pool.name).map(|s| s.iter().copied().collect()).unwrap_or_default()
-    }
-
-    /// Every node writes the same keys: GC cannot tell another node's live
-    /// entry from garbage, so it removes nothing (as with Kubernetes).
-    fn shared_by_nodes(&self) -> bool {
-        true
     }
 }
 

@@ -116,7 +116,7 @@ use serde_json::{Value, json};
 use thereabouts_allocator::model::Allocation;
 
 use super::retry::{self, Backoff};
-use super::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
+use super::{Capabilities, Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 use crate::logging;
 use crd::{IPPOOLS, PoolObject, RESERVATIONS};
 use super::failure::Class;
@@ -785,16 +785,13 @@ impl Datastore for KubernetesStore {
         Ok(UpdateLock::none())
     }
 
-    fn keeps_reservations(&self) -> bool {
-        true
+    /// Every node writes the same pools; the default pauses after a lost race.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::shared(retry::DEFAULT_PAUSES)
     }
 
     fn reserved(&self, pool: &PoolId) -> Vec<u128> {
         lock(&self.reserved).get(&pool.name).map(|s| s.iter().copied().collect()).unwrap_or_default()
-    }
-
-    fn shared_by_nodes(&self) -> bool {
-        true
     }
 }
 
