@@ -204,6 +204,10 @@ fn range_specs(ipam: &Map<String, Value>) -> Result<Vec<RangeSpec>> {
 }
 
 /// `ipam.addresses`, then CNI_ARGS `IP=` with `GATEWAY=`.
+///
+/// These are the user's explicit choice, not allocations: they go into the result
+/// as written (in Go's canonical text), even when one equals a range's gateway.
+/// Only what the engine hands out from a range skips the gateway.
 fn static_addresses(ipam: &Map<String, Value>, args: &CniArgs) -> Result<Vec<StaticAddress>> {
     let mut out = Vec::new();
     for (i, entry) in gojson::array(ipam, "addresses", "ipam.addresses")?.into_iter().flatten().enumerate() {
@@ -272,10 +276,8 @@ fn assign_requested_ips(plugin: &Map<String, Value>, ranges: &mut [NormalizedRan
 fn datastore_settings(ipam: &Map<String, Value>) -> Result<DatastoreSettings> {
     let s = |key: &str| gojson::string(ipam, key, &format!("ipam.{key}"));
     let kind = s("datastore")?;
-    if let Some(kind) = &kind {
-        if !DATASTORES.contains(&kind.as_str()) {
-            return Err(ConfigError::invalid("ipam.datastore", format!("unknown datastore {kind:?}; choose one of {DATASTORES:?}")));
-        }
+    if let Some(kind) = kind.as_ref().filter(|k| !DATASTORES.contains(&k.as_str())) {
+        return Err(ConfigError::invalid("ipam.datastore", format!("unknown datastore {kind:?}; choose one of {DATASTORES:?}")));
     }
     let kubeconfig = match gojson::object(ipam, "kubernetes", "ipam.kubernetes")? {
         Some(k) => gojson::string(k, "kubeconfig", "ipam.kubernetes.kubeconfig")?,

@@ -204,6 +204,16 @@ fn routes_and_dns_pass_through_verbatim() {
 }
 
 #[test]
+fn the_gateway_is_excluded_per_range_and_from_the_top_level() {
+    let per_range = ok(json!({"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/29", "gateway": "192.0.2.1"}]}));
+    let top_level = ok(json!({"type": "whereabouts", "gateway": "192.0.2.1", "ipRanges": [{"range": "192.0.2.0/29"}, {"range": "2001:db8::/126"}]}));
+    for r in [&per_range.ranges[0], &top_level.ranges[0]] {
+        assert_eq!((r.excluded.clone(), r.usable), (vec![(1, 1)], 5));
+    }
+    assert_eq!(top_level.ranges[1].usable, 2, "an IPv4 gateway excludes nothing from an IPv6 range");
+}
+
+#[test]
 fn static_addresses_from_config_and_cni_args() {
     let text = conf(json!({"type": "whereabouts", "range": "192.0.2.0/24",
         "addresses": [{"address": "198.51.100.7/24", "gateway": "198.51.100.1"}]}));

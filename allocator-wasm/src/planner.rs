@@ -14,7 +14,7 @@
 
 use std::net::IpAddr;
 
-use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, to_u128};
+use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, parse_ip_strict, to_u128};
 use crate::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, PreviewFailure, PreviewTable, Request};
 
 /// The allowed (non-excluded) segments of a range, with their rank starts.
@@ -204,6 +204,9 @@ fn spread_index(req: &Request, window: usize) -> usize {
 
 /// Plan one range. See `plan` in the WIT.
 pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> PlanOutcome {
+    // An address the attachment already holds is kept even when it is excluded or
+    // the gateway (written before that was configured, or by whereabouts): moving
+    // a running pod is worse, and nothing new is handed out.
     if let Some((index, entry)) = pool.held.iter().enumerate().find(|(_, e)| is_same_attachment(e, req)) {
         return PlanOutcome::Reuse { assignment: assignment(range, entry.offset), held_index: index as u32 };
     }
@@ -237,6 +240,11 @@ fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>
     let offset = value - range.network;
     if offset < range.first_offset || offset > range.last_offset {
         return reject(format!("outside the allocatable span {} - {} of {}", range.first, range.last, range.cidr));
+    }
+    // host-local refuses a request for the gateway the same way ("requested ip
+    // is subnet's gateway"); the gateway is never a pod's address.
+    if range.gateway.as_deref().and_then(parse_ip_strict) == Some(ip) {
+        return reject(format!("it is the gateway of {}", range.cidr));
     }
     if Candidates::of(range).rank(offset).is_none() {
         return reject(format!("excluded in {} (exclude: [{}])", range.cidr, range.excludes.join(" ")));

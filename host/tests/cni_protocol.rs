@@ -384,6 +384,19 @@ fn conflists_static_addresses_dns_and_requested_ips() {
 }
 
 #[test]
+fn a_configured_gateway_is_never_handed_out() {
+    let scratch = Scratch::new("gateway");
+    let per_range = net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.path("a"),
+        "ipRanges": [{"range": "192.0.2.0/29", "gateway": "192.0.2.1"}]}));
+    let top_level = net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.path("b"),
+        "gateway": "192.0.2.1", "range": "192.0.2.0/29"}));
+    for config in [per_range, top_level] {
+        let result = add(&config, "c1", "p1").ok().json();
+        assert_eq!(result["ips"], json!([{"address": "192.0.2.2/29", "gateway": "192.0.2.1"}]), "{config}");
+    }
+}
+
+#[test]
 fn flat_file_is_optional_but_used_when_present() {
     let scratch = Scratch::new("flat");
     let flat = scratch.path("flat.conf");
