@@ -109,12 +109,18 @@ impl FreeRanks {
         let candidates = Candidates::of(range);
         let window = (pool.occupied_count() as u128 + want as u128).min(candidates.total) as usize;
         let mut bitmap = RankBitmap::new(window);
-        let window_end = range.first_offset + window as u128; // exclusive; cannot overflow (window <= total)
-        if range.excluded.is_empty() && window_end <= u128::from(u64::MAX) {
-            // The hot path (100 000-entry pools): without excludes the rank is the
-            // distance from `first`, and every offset of the window fits in 64 bits,
-            // so the wide entries cannot fall inside it.
-            let first = range.first_offset as u64;
+        // The hot path (100 000-entry pools): when the window's ranks all lie in
+        // the first allowed segment (always without excludes; also with the
+        // gateway or another block at the start of the range), a rank is the
+        // distance from that segment's start. Offsets before it wrap past the
+        // window, those after it rank beyond it, and when every offset of the
+        // window fits in 64 bits the wide entries cannot fall inside it.
+        let fast_start = candidates
+            .segments
+            .first()
+            .filter(|&&(lo, hi, _)| hi - lo + 1 >= window as u128 && lo + window as u128 <= u128::from(u64::MAX))
+            .map(|&(lo, _, _)| lo as u64);
+        if let Some(first) = fast_start {
             for &offset in &pool.taken {
                 let rank = offset.wrapping_sub(first);
                 if rank < window as u64 {
