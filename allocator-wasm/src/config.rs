@@ -13,6 +13,7 @@ use crate::gojson;
 use crate::ip::{self, Family, format_ip, to_u128};
 use crate::model::{DatastoreSettings, NormalizedConfig, NormalizedRange, StaticAddress};
 use crate::range::{RangeSpec, normalize_range};
+use crate::routes;
 
 /// CNI spec versions this plugin speaks, oldest first.
 pub const SUPPORTED_CNI_VERSIONS: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
@@ -204,6 +205,10 @@ fn range_specs(ipam: &Map<String, Value>) -> Result<Vec<RangeSpec>> {
 }
 
 /// `ipam.addresses`, then CNI_ARGS `IP=` with `GATEWAY=`.
+///
+/// These are the user's explicit choice, not allocations: they go into the result
+/// as written (in Go's canonical text), even when one equals a range's gateway.
+/// Only what the engine hands out from a range skips the gateway.
 fn static_addresses(ipam: &Map<String, Value>, args: &CniArgs) -> Result<Vec<StaticAddress>> {
     let mut out = Vec::new();
     for (i, entry) in gojson::array(ipam, "addresses", "ipam.addresses")?.into_iter().flatten().enumerate() {
@@ -214,20 +219,23 @@ fn static_addresses(ipam: &Map<String, Value>, args: &CniArgs) -> Result<Vec<Sta
         let text = gojson::string(entry, "address", &format!("{path}.address"))?
             .ok_or_else(|| ConfigError::invalid(format!("{path}.address"), "missing address"))?;
         let cidr = ip::parse_cidr(&text, true)
-            .ok_or_else(|| ConfigError::invalid(format!("{path}.address"), format!("invalid CIDR in addresses {text:?}")))?;
+            .ok_or_else(|| ConfigError::invalid(format!("{path}.address"), format!("invalid CIDR in addresses {text:?}")))?
+            .unmapped();
         let gateway = sloppy_ip(entry, "gateway", &format!("{path}.gateway"), "gateway")?;
-        out.push(StaticAddress { address: format!("{}/{}", format_ip(cidr.ip), cidr.prefix), gateway: gateway.map(format_ip), family: cidr.family() });
+        out.push(StaticAddress { address: cidr.text(), gateway: gateway.map(format_ip), family: cidr.family() });
     }
     if let Some(list) = &args.ip {
         let mut from_args = Vec::new();
         for text in list.split(',').map(str::trim) {
             let cidr = ip::parse_cidr(text, true)
-                .ok_or_else(|| ConfigError::new(code::INVALID_ENV, "CNI_ARGS.IP", format!("CNI_ARGS IP: invalid CIDR {text:?}")))?;
+                .ok_or_else(|| ConfigError::new(code::INVALID_ENV, "CNI_ARGS.IP", format!("CNI_ARGS IP: invalid CIDR {text:?}")))?
+                .unmapped();
             from_args.push((cidr, None::<IpAddr>));
         }
         for text in args.gateway.iter().flat_map(|g| g.split(',')).map(str::trim) {
             let gw = ip::parse_ip_sloppy(text)
-                .ok_or_else(|| ConfigError::new(code::INVALID_ENV, "CNI_ARGS.GATEWAY", format!("CNI_ARGS GATEWAY: invalid gateway address {text:?}")))?;
+                .ok_or_else(|| ConfigError::new(code::INVALID_ENV, "CNI_ARGS.GATEWAY", format!("CNI_ARGS GATEWAY: invalid gateway address {text:?}")))?
+                .to_canonical();
             for (cidr, slot) in from_args.iter_mut() {
                 if cidr.contains(Family::of(gw), to_u128(gw)) {
                     *slot = Some(gw);
@@ -235,7 +243,7 @@ fn static_addresses(ipam: &Map<String, Value>, args: &CniArgs) -> Result<Vec<Sta
             }
         }
         out.extend(from_args.into_iter().map(|(cidr, gw)| StaticAddress {
-            address: format!("{}/{}", format_ip(cidr.ip), cidr.prefix),
+            address: cidr.text(),
             gateway: gw.map(format_ip),
             family: cidr.family(),
         }));
@@ -272,10 +280,8 @@ fn assign_requested_ips(plugin: &Map<String, Value>, ranges: &mut [NormalizedRan
 fn datastore_settings(ipam: &Map<String, Value>) -> Result<DatastoreSettings> {
     let s = |key: &str| gojson::string(ipam, key, &format!("ipam.{key}"));
     let kind = s("datastore")?;
-    if let Some(kind) = &kind {
-        if !DATASTORES.contains(&kind.as_str()) {
-            return Err(ConfigError::invalid("ipam.datastore", format!("unknown datastore {kind:?}; choose one of {DATASTORES:?}")));
-        }
+    if let Some(kind) = kind.as_ref().filter(|k| !DATASTORES.contains(&k.as_str())) {
+        return Err(ConfigError::invalid("ipam.datastore", format!("unknown datastore {kind:?}; choose one of {DATASTORES:?}")));
     }
     let kubeconfig = match gojson::object(ipam, "kubernetes", "ipam.kubernetes")? {
         Some(k) => gojson::string(k, "kubeconfig", "ipam.kubernetes.kubeconfig")?,
@@ -354,24 +360,7 @@ pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) 
     assign_requested_ips(net.plugin, &mut ranges)?;
     check_addresses_fit_version(&net.cni_version, &ranges, &addresses)?;
 
-    let routes_json = match gojson::field(&ipam, "routes") {
-        None => None,
-        Some(v @ Value::Array(items)) => {
-            for (i, route) in items.iter().enumerate() {
-                let path = format!("ipam.routes[{i}]");
-                let Value::Object(route) = route else {
-                    return Err(ConfigError::invalid(&path, "expected an object with \"dst\""));
-                };
-                let dst = gojson::string(route, "dst", &format!("{path}.dst"))?
-                    .ok_or_else(|| ConfigError::invalid(format!("{path}.dst"), "missing dst"))?;
-                if ip::parse_cidr(&dst, false).is_none() {
-                    return Err(ConfigError::invalid(format!("{path}.dst"), format!("invalid CIDR {dst:?}")));
-                }
-            }
-            Some(v.to_string())
-        }
-        Some(other) => return Err(ConfigError::invalid("ipam.routes", format!("expected an array, got {}", gojson::kind(other)))),
-    };
+    let routes_json = routes::canonical_routes(&ipam)?;
     let dns_json = gojson::object(&ipam, "dns", "ipam.dns")?.map(|d| Value::Object(d.clone()).to_string());
 
     Ok(NormalizedConfig {

@@ -194,13 +194,35 @@ fn gateway_goes_to_its_family_only_and_bad_gateway_is_rejected() {
 }
 
 #[test]
-fn routes_and_dns_pass_through_verbatim() {
+fn routes_come_back_as_whereabouts_prints_them_and_dns_passes_through() {
     let c = ok(json!({"type": "whereabouts", "range": "192.0.2.0/24",
-        "routes": [{"dst": "0.0.0.0/0", "gw": "192.0.2.1"}], "dns": {"nameservers": ["192.0.2.53"], "search": ["example.test"]}}));
-    assert_eq!(c.routes_json.as_deref(), Some(r#"[{"dst":"0.0.0.0/0","gw":"192.0.2.1"}]"#));
+        "routes": [{"dst": "0.0.0.0/0", "gw": "192.0.2.1"}, {"dst": "3ffe:ffff:0:01ff::1/64", "gw": "3ffe:ffff:0:01ff::0001", "mtu": 1400, "x": 1}],
+        "dns": {"nameservers": ["192.0.2.53"], "search": ["example.test"]}}));
+    assert_eq!(c.routes_json.as_deref(), Some(r#"[{"dst":"0.0.0.0/0","gw":"192.0.2.1"},{"dst":"3ffe:ffff:0:1ff::1/64","gw":"3ffe:ffff:0:1ff::1","mtu":1400}]"#));
     assert_eq!(c.dns_json.as_deref(), Some(r#"{"nameservers":["192.0.2.53"],"search":["example.test"]}"#));
     let e = err(json!({"type": "whereabouts", "range": "192.0.2.0/24", "routes": [{"dst": "bogus"}]}));
     assert_eq!(e.field, "ipam.routes[0].dst");
+    // whereabouts fails its load on IPv4 leading zeros (Go's net.ParseIP).
+    let e = err(json!({"type": "whereabouts", "range": "192.0.2.0/24", "routes": [{"dst": "0.0.0.0/0"}, {"dst": "198.51.100.0/24", "gw": "192.0.2.001"}]}));
+    assert_eq!((e.code, e.field.as_str()), (7, "ipam.routes[1].gw"));
+}
+
+#[test]
+fn the_gateway_is_excluded_per_range_and_from_the_top_level() {
+    let per_range = ok(json!({"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/29", "gateway": "192.0.2.1"}]}));
+    let top_level = ok(json!({"type": "whereabouts", "gateway": "192.0.2.1", "ipRanges": [{"range": "192.0.2.0/29"}, {"range": "2001:db8::/126"}]}));
+    for r in [&per_range.ranges[0], &top_level.ranges[0]] {
+        assert_eq!((r.excluded.clone(), r.usable), (vec![(1, 1)], 5));
+    }
+    assert_eq!(top_level.ranges[1].usable, 2, "an IPv4 gateway excludes nothing from an IPv6 range");
+}
+
+#[test]
+fn static_addresses_print_in_go_text_and_may_equal_a_gateway() {
+    let c = ok(json!({"type": "whereabouts", "gateway": "192.0.2.1", "range": "192.0.2.0/29",
+        "addresses": [{"address": "192.0.2.1/29"}, {"address": "::ffff:198.51.100.7/120", "gateway": "::ffff:198.51.100.1"}]}));
+    let got: Vec<_> = c.addresses.iter().map(|a| (a.address.as_str(), a.gateway.as_deref(), a.family)).collect();
+    assert_eq!(got, [("192.0.2.1/29", None, Family::V4), ("198.51.100.7/24", Some("198.51.100.1"), Family::V4)]);
 }
 
 #[test]

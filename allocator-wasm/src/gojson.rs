@@ -16,7 +16,7 @@ pub fn field<'a>(object: &'a Map<String, Value>, name: &str) -> Option<&'a Value
         .iter()
         .filter(|(key, _)| key.eq_ignore_ascii_case(name))
         .map(|(_, value)| value)
-        .last()
+        .next_back()
         .filter(|value| !value.is_null())
 }
 

@@ -62,10 +62,12 @@ pub fn host_mask(family: Family, prefix: u8) -> u128 {
     }
 }
 
-/// Canonical text of an address, as Go's `net.IP.String()` prints it (RFC 5952
-/// for IPv6; Rust's formatter follows the same rules for non-mapped addresses).
+/// Canonical text of an address, as Go's `net.IP.String()` prints it: RFC 5952
+/// for IPv6 (Rust's formatter follows the same rules), and an IPv4-mapped IPv6
+/// address (`::ffff:192.0.2.1`) as plain IPv4 (`192.0.2.1`), because Go holds
+/// both in the same 16 bytes and prints whatever `To4()` accepts as IPv4.
 pub fn format_ip(ip: IpAddr) -> String {
-    ip.to_string()
+    ip.to_canonical().to_string()
 }
 
 /// Strict parse, like Go's `net.ParseIP` since Go 1.17: no leading zeros in IPv4.
@@ -125,6 +127,22 @@ impl Cidr {
     /// Canonical `network/prefix`, as Go's `IPNet.String()` prints it.
     pub fn network_text(&self) -> String {
         format!("{}/{}", format_ip(from_u128(self.family(), self.network())), self.prefix)
+    }
+    /// The CIDR the way Go sees it: an IPv4-mapped IPv6 address is IPv4, and its
+    /// 128-bit mask shrinks to the mask's last 32 bits (`IPNet.String()` prints
+    /// `::ffff:192.0.2.1/120` as `192.0.2.1/24`, and anything below /96 as /0).
+    pub fn unmapped(&self) -> Cidr {
+        match self.ip.to_canonical() {
+            v4 @ IpAddr::V4(_) if self.family() == Family::V6 => Cidr { ip: v4, prefix: self.prefix.saturating_sub(96) },
+            _ => *self,
+        }
+    }
+    /// `address/prefix` with the host bits kept, as Go's `IPNet.String()` prints
+    /// what CNI's `types.ParseCIDR` parsed (`2001:DB8:0:01ff::1/64` is
+    /// `2001:db8:0:1ff::1/64`).
+    pub fn text(&self) -> String {
+        let go = self.unmapped();
+        format!("{}/{}", format_ip(go.ip), go.prefix)
     }
 }
 
@@ -195,5 +213,22 @@ mod tests {
     fn ipv6_text_is_rfc5952_like_go() {
         assert_eq!(format_ip("2001:0db8:0000:0000:0001:0000:0000:0001".parse().unwrap()), "2001:db8::1:0:0:1");
         assert_eq!(format_ip("fd00:0:0:10::".parse().unwrap()), "fd00:0:0:10::");
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_print_as_ipv4_like_go() {
+        assert_eq!(format_ip("::ffff:192.0.2.1".parse().unwrap()), "192.0.2.1");
+        // IPv4-compatible (no ffff) is plain IPv6 in Go too.
+        assert_eq!(format_ip("::192.0.2.1".parse().unwrap()), "::c000:201");
+    }
+
+    #[test]
+    fn cidr_text_keeps_host_bits_and_unmaps_like_go() {
+        assert_eq!(parse_cidr("3ffe:ffff:0:01ff::1/64", false).unwrap().text(), "3ffe:ffff:0:1ff::1/64");
+        assert_eq!(parse_cidr("2001:DB8::/32", false).unwrap().text(), "2001:db8::/32");
+        assert_eq!(parse_cidr("192.0.2.7/24", false).unwrap().text(), "192.0.2.7/24");
+        let mapped = parse_cidr("::ffff:192.0.2.7/120", false).unwrap();
+        assert_eq!((mapped.text(), mapped.unmapped().family()), ("192.0.2.7/24".to_string(), Family::V4));
+        assert_eq!(parse_cidr("::ffff:192.0.2.7/64", false).unwrap().text(), "192.0.2.7/0");
     }
 }

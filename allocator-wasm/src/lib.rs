@@ -13,6 +13,7 @@ pub mod model;
 pub mod naming;
 pub mod planner;
 pub mod range;
+pub mod routes;
 mod wit_convert;
 
 pub use config::{flat_file_paths, normalize};

@@ -21,11 +21,13 @@ pub struct NormalizedRange {
     pub excludes: Vec<String>,
     /// Excludes as canonical CIDRs (bare IPs become /32 or /128).
     pub exclude_cidrs: Vec<String>,
-    /// Excluded blocks as merged, sorted offset intervals clipped to [first, last].
+    /// Offsets never handed out, as merged, sorted intervals clipped to [first,
+    /// last]: the exclude blocks and the gateway.
     #[serde(skip)]
     pub excluded: Vec<(u128, u128)>,
-    /// Addresses in [first, last] that are not excluded.
+    /// Addresses in [first, last] that are neither excluded nor the gateway.
     pub usable: u128,
+    /// Never allocated (see `range::excluded_blocks`).
     pub gateway: Option<String>,
     pub pool_name: String,
     pub requested: Option<String>,

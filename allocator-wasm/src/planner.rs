@@ -14,7 +14,7 @@
 
 use std::net::IpAddr;
 
-use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, to_u128};
+use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, parse_ip_strict, to_u128};
 use crate::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, PreviewFailure, PreviewTable, Request};
 
 /// The allowed (non-excluded) segments of a range, with their rank starts.
@@ -109,12 +109,18 @@ impl FreeRanks {
         let candidates = Candidates::of(range);
         let window = (pool.occupied_count() as u128 + want as u128).min(candidates.total) as usize;
         let mut bitmap = RankBitmap::new(window);
-        let window_end = range.first_offset + window as u128; // exclusive; cannot overflow (window <= total)
-        if range.excluded.is_empty() && window_end <= u128::from(u64::MAX) {
-            // The hot path (100 000-entry pools): without excludes the rank is the
-            // distance from `first`, and every offset of the window fits in 64 bits,
-            // so the wide entries cannot fall inside it.
-            let first = range.first_offset as u64;
+        // The hot path (100 000-entry pools): when the window's ranks all lie in
+        // the first allowed segment (always without excludes; also with the
+        // gateway or another block at the start of the range), a rank is the
+        // distance from that segment's start. Offsets before it wrap past the
+        // window, those after it rank beyond it, and when every offset of the
+        // window fits in 64 bits the wide entries cannot fall inside it.
+        let fast_start = candidates
+            .segments
+            .first()
+            .filter(|&&(lo, hi, _)| hi - lo + 1 >= window as u128 && lo + window as u128 <= u128::from(u64::MAX))
+            .map(|&(lo, _, _)| lo as u64);
+        if let Some(first) = fast_start {
             for &offset in &pool.taken {
                 let rank = offset.wrapping_sub(first);
                 if rank < window as u64 {
@@ -204,6 +210,9 @@ fn spread_index(req: &Request, window: usize) -> usize {
 
 /// Plan one range. See `plan` in the WIT.
 pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> PlanOutcome {
+    // An address the attachment already holds is kept even when it is excluded or
+    // the gateway (written before that was configured, or by whereabouts): moving
+    // a running pod is worse, and nothing new is handed out.
     if let Some((index, entry)) = pool.held.iter().enumerate().find(|(_, e)| is_same_attachment(e, req)) {
         return PlanOutcome::Reuse { assignment: assignment(range, entry.offset), held_index: index as u32 };
     }
@@ -237,6 +246,11 @@ fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>
     let offset = value - range.network;
     if offset < range.first_offset || offset > range.last_offset {
         return reject(format!("outside the allocatable span {} - {} of {}", range.first, range.last, range.cidr));
+    }
+    // host-local refuses a request for the gateway the same way ("requested ip
+    // is subnet's gateway"); the gateway is never a pod's address.
+    if range.gateway.as_deref().and_then(parse_ip_strict) == Some(ip) {
+        return reject(format!("it is the gateway of {}", range.cidr));
     }
     if Candidates::of(range).rank(offset).is_none() {
         return reject(format!("excluded in {} (exclude: [{}])", range.cidr, range.excludes.join(" ")));

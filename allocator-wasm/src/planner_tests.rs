@@ -245,6 +245,36 @@ fn requested_address_is_honoured_or_rejected_with_a_reason() {
     }
 }
 
+fn range_with_gateway(text: &str, gateway: &str) -> NormalizedRange {
+    let spec = RangeSpec { path: "ipam".into(), range: text.into(), gateway: gateway.parse().ok(), ..Default::default() };
+    normalize_range(&spec, None, "").unwrap()
+}
+
+#[test]
+fn the_gateway_is_never_handed_out() {
+    let r = range_with_gateway("192.0.2.0/29", "192.0.2.1");
+    assert_eq!(fresh_ip(plan(&r, &taken(&[]), &req("a", "eth0"))), "192.0.2.2/29");
+    assert_eq!(fresh_ip(plan(&r, &taken(&[2, 3, 4, 5]), &req("a", "eth0"))), "192.0.2.6/29");
+    assert!(matches!(plan(&r, &taken(&[2, 3, 4, 5, 6]), &req("a", "eth0")), PlanOutcome::Exhausted { .. }));
+    let mut request = req("a", "eth0");
+    request.requested_ip = Some("192.0.2.1".into());
+    match plan(&r, &taken(&[]), &request) {
+        PlanOutcome::Rejected { message } => assert!(message.contains("gateway of 192.0.2.0/29"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    // A pod that already holds the gateway's address (an entry from before) keeps it.
+    let held = PoolSnapshot { held: vec![Allocation { offset: 1, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "eth0".into() }], ..taken(&[1]) };
+    assert!(matches!(plan(&r, &held, &req("a", "eth0")), PlanOutcome::Reuse { .. }));
+}
+
+#[test]
+fn preview_skips_the_gateway() {
+    let text = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "ipam": {"type": "thereabouts", "gateway": "192.0.2.1", "range": "192.0.2.0/29"}}).to_string();
+    let c = crate::normalize(&text, None, "").unwrap();
+    let pods: Vec<_> = preview(&c, &[], 6).into_iter().map(|pod| pod[0].assignment().map(|a| a.ip.clone())).collect();
+    assert_eq!(pods, [Some("192.0.2.2".into()), Some("192.0.2.3".into()), Some("192.0.2.4".into()), Some("192.0.2.5".into()), Some("192.0.2.6".into()), None]);
+}
+
 fn config(ranges: &[&str]) -> NormalizedConfig {
     let ipam: Vec<_> = ranges.iter().map(|r| serde_json::json!({"range": r})).collect();
     let text = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "ipam": {"type": "thereabouts", "ipRanges": ipam}}).to_string();

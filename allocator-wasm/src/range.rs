@@ -50,37 +50,30 @@ pub fn normalize_range(spec: &RangeSpec, default_gateway: Option<IpAddr>, networ
     // iff inside [first, last]. Addresses of the other family are outside the span.
     let mut first = network + 1;
     let mut last = broadcast - 1;
-    if let Some(s) = start.take().filter(|s| Family::of(*s) == family).map(to_u128) {
-        if s >= first && s <= last {
-            first = s;
-        }
+    if let Some(s) = start.take().filter(|s| Family::of(*s) == family).map(to_u128).filter(|s| (first..=last).contains(s)) {
+        first = s;
     }
-    if let Some(e) = end.take().filter(|e| Family::of(*e) == family).map(to_u128) {
-        if e >= first && e <= last {
-            last = e;
-        }
+    if let Some(e) = end.take().filter(|e| Family::of(*e) == family).map(to_u128).filter(|e| (first..=last).contains(e)) {
+        last = e;
     }
 
-    let mut exclude_cidrs = Vec::with_capacity(spec.exclude.len());
-    let mut blocks = Vec::with_capacity(spec.exclude.len());
+    if family == Family::V6 && first <= MAPPED_V4.1 && last >= MAPPED_V4.0 {
+        return Err(ConfigError::invalid(
+            range_field,
+            format!("range {canonical} holds the IPv4-mapped block ::ffff:0:0/96, whose addresses Go programs read and print as IPv4; set range_start/range_end around it or use another network"),
+        ));
+    }
+
+    let mut excludes = Vec::with_capacity(spec.exclude.len());
     for (i, text) in spec.exclude.iter().enumerate() {
         let field = format!("{}.exclude[{i}]", spec.path);
-        let block = parse_exclude(text).ok_or_else(|| {
+        excludes.push(parse_exclude(text).ok_or_else(|| {
             ConfigError::invalid(&field, format!("could not parse exclude {text:?}: expected a CIDR (192.0.2.0/28) or an IP address"))
-        })?;
-        exclude_cidrs.push(block.network_text());
-        if block.family() == family {
-            let (lo, hi) = (block.network().max(first), block.broadcast().min(last));
-            if lo <= hi {
-                blocks.push((lo - network, hi - network));
-            }
-        }
+        })?);
     }
-    let excluded = merge_intervals(blocks);
-    let span = last - first + 1; // cannot overflow: broadcast - network >= 2 keeps it < 2^128
-    let excluded_count: u128 = excluded.iter().map(|(lo, hi)| hi - lo + 1).sum();
 
-    let gateway = match spec.gateway {
+    // Go reads an IPv4-mapped gateway as IPv4 (and prints it so), and so do we.
+    let gateway = match spec.gateway.map(|gw| gw.to_canonical()) {
         Some(gw) if Family::of(gw) != family => {
             return Err(ConfigError::invalid(
                 format!("{}.gateway", spec.path),
@@ -88,8 +81,12 @@ pub fn normalize_range(spec: &RangeSpec, default_gateway: Option<IpAddr>, networ
             ));
         }
         Some(gw) => Some(gw),
-        None => default_gateway.filter(|gw| Family::of(*gw) == family),
+        None => default_gateway.map(|gw| gw.to_canonical()).filter(|gw| Family::of(*gw) == family),
     };
+
+    let excluded = excluded_blocks(network, first, last, family, &excludes, gateway);
+    let span = last - first + 1; // cannot overflow: broadcast - network >= 2 keeps it < 2^128
+    let excluded_count: u128 = excluded.iter().map(|(lo, hi)| hi - lo + 1).sum();
 
     Ok(NormalizedRange {
         pool_name: naming::pool_name_for_network(&canonical, network_name),
@@ -102,7 +99,7 @@ pub fn normalize_range(spec: &RangeSpec, default_gateway: Option<IpAddr>, networ
         first_offset: first - network,
         last_offset: last - network,
         excludes: spec.exclude.clone(),
-        exclude_cidrs,
+        exclude_cidrs: excludes.iter().map(Cidr::network_text).collect(),
         excluded,
         usable: span - excluded_count,
         gateway: gateway.map(format_ip),
@@ -139,6 +136,31 @@ fn parse_exclude(text: &str) -> Option<Cidr> {
     }
 }
 
+/// ::ffff:0:0/96 as an inclusive interval of IPv6 integers.
+const MAPPED_V4: (u128, u128) = (0xffff_0000_0000, 0xffff_ffff_ffff);
+
+/// The offsets of [first, last] that are never handed out, as sorted, merged
+/// intervals: the exclude blocks of the range's family, and the gateway.
+///
+/// The gateway is the router's own address, never a pod's: host-local and
+/// Spiderpool skip it too, while whereabouts hands it out (whereabouts#601). It
+/// counts as excluded when it lies in [first, last], so the usable count, the
+/// preview and every plan agree. `excludes`/`exclude-cidrs` stay as written.
+fn excluded_blocks(network: u128, first: u128, last: u128, family: Family, excludes: &[Cidr], gateway: Option<IpAddr>) -> Vec<(u128, u128)> {
+    let gateway_block = gateway.filter(|gw| Family::of(*gw) == family).map(|gw| (to_u128(gw), to_u128(gw)));
+    let blocks = excludes
+        .iter()
+        .filter(|block| block.family() == family)
+        .map(|block| (block.network(), block.broadcast()))
+        .chain(gateway_block)
+        .filter_map(|(lo, hi)| {
+            let (lo, hi) = (lo.max(first), hi.min(last));
+            (lo <= hi).then(|| (lo - network, hi - network))
+        })
+        .collect();
+    merge_intervals(blocks)
+}
+
 /// Sort and merge overlapping or adjacent inclusive intervals.
 fn merge_intervals(mut blocks: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
     blocks.sort_unstable();
@@ -150,6 +172,27 @@ fn merge_intervals(mut blocks: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
         }
     }
     merged
+}
+
+/// Rebuild the derived parts of a range (network, merged excluded intervals,
+/// gateway included) from the fields a `normalized-range` record carries across
+/// the component boundary.
+pub fn derived_parts(cidr: &str, first_offset: u128, last_offset: u128, exclude_cidrs: &[String], gateway: Option<&str>) -> Result<(u128, Vec<(u128, u128)>)> {
+    let parsed = ip::parse_cidr(cidr, false).ok_or_else(|| ConfigError::invalid("range.cidr", format!("invalid CIDR {cidr:?}")))?;
+    let network = parsed.network();
+    let (first, last) = (network + first_offset, network.saturating_add(last_offset));
+    if first_offset == 0 || last > parsed.broadcast() || first > last {
+        return Err(ConfigError::invalid("range", format!("offsets {first_offset}..{last_offset} do not fit {cidr}")));
+    }
+    let excludes = exclude_cidrs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| parse_exclude(text).ok_or_else(|| ConfigError::invalid(format!("range.exclude-cidrs[{i}]"), format!("invalid CIDR {text:?}"))))
+        .collect::<Result<Vec<_>>>()?;
+    let gateway = gateway
+        .map(|text| ip::parse_ip_strict(text).ok_or_else(|| ConfigError::invalid("range.gateway", format!("invalid IP address {text:?}"))))
+        .transpose()?;
+    Ok((network, excluded_blocks(network, first, last, parsed.family(), &excludes, gateway)))
 }
 
 #[cfg(test)]
@@ -278,6 +321,36 @@ mod tests {
     }
 
     #[test]
+    fn a_gateway_inside_the_span_is_excluded_and_not_counted() {
+        let mut s = spec("192.0.2.0/29");
+        s.gateway = Some(ip("192.0.2.1"));
+        let r = normalize_range(&s, None, "").unwrap();
+        assert_eq!((r.excluded.clone(), r.usable), (vec![(1, 1)], 5));
+        assert_eq!(r.exclude_cidrs, Vec::<String>::new(), "excludes stay as written");
+        // The top-level gateway too, merged with an exclude that already covers it.
+        let mut s = spec("192.0.2.0/29");
+        s.exclude = vec!["192.0.2.1".into()];
+        let r = normalize_range(&s, Some(ip("192.0.2.1")), "").unwrap();
+        assert_eq!((r.excluded.clone(), r.usable), (vec![(1, 1)], 5));
+        // Outside [first, last] (here before range_start) it costs nothing.
+        let mut s = spec("192.0.2.0/29");
+        s.range_start = Some(ip("192.0.2.3"));
+        assert_eq!(normalize_range(&s, Some(ip("192.0.2.1")), "").unwrap().usable, 4);
+        // The component boundary rebuilds the same intervals.
+        let mut s = spec("2001:db8::/126");
+        s.gateway = Some(ip("2001:db8::2"));
+        let r = normalize_range(&s, None, "").unwrap();
+        let (_, excluded) = derived_parts(&r.cidr, r.first_offset, r.last_offset, &r.exclude_cidrs, r.gateway.as_deref()).unwrap();
+        assert_eq!((excluded, r.usable), (vec![(2, 2)], 1));
+    }
+
+    #[test]
+    fn an_ipv4_mapped_gateway_is_ipv4() {
+        let r = normalize_range(&spec("192.0.2.0/24"), Some(ip("::ffff:192.0.2.9")), "").unwrap();
+        assert_eq!((r.gateway.as_deref(), r.usable), (Some("192.0.2.9"), 253));
+    }
+
+    #[test]
     fn pool_name_carries_the_network_name() {
         let r = normalize_range(&spec("2001:db8::/64"), None, "blue").unwrap();
         assert_eq!(r.pool_name, "blue-2001-db8---64");
@@ -286,27 +359,11 @@ mod tests {
     #[test]
     fn ipv4_mapped_ranges_are_refused() {
         assert!(normalize_range(&spec("::ffff:192.0.2.0/120"), None, "").is_err());
+        // Go would print the addresses of ::ffff:0:0/96 as IPv4 in a pod's result.
+        let err = normalize_range(&spec("::/64"), None, "").unwrap_err();
+        assert!(err.message.contains("::ffff:0:0/96"), "{}", err.message);
+        let mut s = spec("::/64");
+        s.range_end = Some(ip("::fffe:ffff:ffff"));
+        assert!(normalize_range(&s, None, "").is_ok(), "a span that stops short of the block is fine");
     }
-}
-
-/// Rebuild the derived parts of a range (network, merged exclude intervals) from
-/// the fields a `normalized-range` record carries across the component boundary.
-pub fn derived_parts(cidr: &str, first_offset: u128, last_offset: u128, exclude_cidrs: &[String]) -> Result<(u128, Vec<(u128, u128)>)> {
-    let parsed = ip::parse_cidr(cidr, false).ok_or_else(|| ConfigError::invalid("range.cidr", format!("invalid CIDR {cidr:?}")))?;
-    let network = parsed.network();
-    let (first, last) = (network + first_offset, network.saturating_add(last_offset));
-    if first_offset == 0 || last > parsed.broadcast() || first > last {
-        return Err(ConfigError::invalid("range", format!("offsets {first_offset}..{last_offset} do not fit {cidr}")));
-    }
-    let mut blocks = Vec::with_capacity(exclude_cidrs.len());
-    for (i, text) in exclude_cidrs.iter().enumerate() {
-        let block = parse_exclude(text).ok_or_else(|| ConfigError::invalid(format!("range.exclude-cidrs[{i}]"), format!("invalid CIDR {text:?}")))?;
-        if block.family() == parsed.family() {
-            let (lo, hi) = (block.network().max(first), block.broadcast().min(last));
-            if lo <= hi {
-                blocks.push((lo - network, hi - network));
-            }
-        }
-    }
-    Ok((network, merge_intervals(blocks)))
 }

@@ -57,10 +57,10 @@ macro_rules! wit_conversions {
             }
 
             /// Network and merged excludes are not in the record: they are derived
-            /// again from the CIDR and the exclude CIDRs (and so validated).
+            /// again from the CIDR, the exclude CIDRs and the gateway (and so validated).
             pub fn range_from_wit(r: wit::NormalizedRange) -> Result<model::NormalizedRange, ConfigError> {
                 let (first_offset, last_offset) = (from_offset(r.first_offset), from_offset(r.last_offset));
-                let (network, excluded) = $crate::range::derived_parts(&r.cidr, first_offset, last_offset, &r.exclude_cidrs)?;
+                let (network, excluded) = $crate::range::derived_parts(&r.cidr, first_offset, last_offset, &r.exclude_cidrs, r.gateway.as_deref())?;
                 let usable = r.usable.parse().map_err(|_| ConfigError::invalid("range.usable", format!("not a count: {:?}", r.usable)))?;
                 Ok(model::NormalizedRange {
                     usable,

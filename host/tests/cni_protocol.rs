@@ -384,6 +384,31 @@ fn conflists_static_addresses_dns_and_requested_ips() {
 }
 
 #[test]
+fn a_configured_gateway_is_never_handed_out() {
+    let scratch = Scratch::new("gateway");
+    let per_range = net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.path("a"),
+        "ipRanges": [{"range": "192.0.2.0/29", "gateway": "192.0.2.1"}]}));
+    let top_level = net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.path("b"),
+        "gateway": "192.0.2.1", "range": "192.0.2.0/29"}));
+    for config in [per_range, top_level] {
+        let result = add(&config, "c1", "p1").ok().json();
+        assert_eq!(result["ips"], json!([{"address": "192.0.2.2/29", "gateway": "192.0.2.1"}]), "{config}");
+    }
+}
+
+#[test]
+fn routes_are_printed_in_go_canonical_form() {
+    let scratch = Scratch::new("routes");
+    let config = net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(),
+        "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64"}],
+        "routes": [{"dst": "3ffe:ffff:0:01ff::1/64", "gw": "2001:DB8::0001", "comment": "dropped"},
+                   {"dst": "198.51.100.0/24", "gw": "::ffff:192.0.2.254", "mtu": 1400, "table": 0}]}));
+    let result = add(&config, "c1", "p1").ok().json();
+    assert_eq!(result["routes"], json!([{"dst": "3ffe:ffff:0:1ff::1/64", "gw": "2001:db8::1"},
+                                        {"dst": "198.51.100.0/24", "gw": "192.0.2.254", "mtu": 1400, "table": 0}]));
+}
+
+#[test]
 fn flat_file_is_optional_but_used_when_present() {
     let scratch = Scratch::new("flat");
     let flat = scratch.path("flat.conf");
@@ -452,6 +477,7 @@ fn bad_input_fails_cleanly_without_touching_the_datastore() {
         (net("0.9.0", ipam(json!({}))), 1, "incompatible CNI versions"),
         (net("1.0.0", ipam(json!({"range": "192.0.2.0/33"}))), 7, "ipam.range"),
         (net("1.0.0", ipam(json!({"range": "not-a-cidr"}))), 7, "ipam.range"),
+        (net("1.0.0", ipam(json!({"routes": [{"dst": "0.0.0.0/0", "gw": "192.0.2.001"}]}))), 7, "ipam.routes[0].gw"),
         (net("1.0.0", json!({"type": "host-local", "subnet": "192.0.2.0/24"})), 7, "IPAM type"),
         (net("1.0.0", json!({"type": "thereabouts", "range": "192.0.2.0/24"})), 7, "ipam.datastore is not set"),
         (net("1.0.0", json!({"type": "thereabouts", "range": "192.0.2.0/24", "kubernetes": {"kubeconfig": "/etc/kc"}})), 7, "kubeconfig /etc/kc is unusable: cannot read it"),

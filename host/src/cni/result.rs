@@ -26,7 +26,7 @@ pub struct IpConfig {
 pub struct IpamResult {
     /// Allocated addresses in range order, then static addresses.
     pub ips: Vec<IpConfig>,
-    /// `ipam.routes` as configured.
+    /// `ipam.routes` as the engine canonicalized them.
     pub routes: Vec<Value>,
     /// `ipam.dns` as configured.
     pub dns: Option<Map<String, Value>>,
@@ -51,14 +51,17 @@ fn layout(cni_version: &str) -> Layout {
     }
 }
 
-/// Route fields before 1.1.0 were only `dst` and `gw`; 1.1.0 added mtu, advmss,
-/// priority, table and scope, which older readers do not know.
-fn route_for(route: &Value, cni_version: &str) -> Value {
-    if cni_version == "1.1.0" {
-        return route.clone();
-    }
+/// A route as whereabouts' result carries it in `layout`. The engine already
+/// reduced each route to the fields of CNI's `types.Route` in canonical text;
+/// libcni v1.3.0 (whereabouts v0.9.4's) then keeps all of them for 0.3.0 to 1.1.0
+/// (`Route.Copy` in `convertTo04x`, and `convertFrom100` for 1.0.0, in
+/// `pkg/types/100/types.go`), and only `dst` and `gw` for 0.1.0/0.2.0
+/// (`convertTo02x` in `pkg/types/040/types.go`).
+fn route_for(route: &Value, layout: Layout) -> Value {
     match route {
-        Value::Object(fields) => Value::Object(fields.iter().filter(|(k, _)| *k == "dst" || *k == "gw").map(|(k, v)| (k.clone(), v.clone())).collect()),
+        Value::Object(fields) if layout == Layout::PerFamily => {
+            Value::Object(fields.iter().filter(|(k, _)| *k == "dst" || *k == "gw").map(|(k, v)| (k.clone(), v.clone())).collect())
+        }
         other => other.clone(),
     }
 }
@@ -85,7 +88,7 @@ impl IpamResult {
     pub fn to_value(&self, cni_version: &str) -> Result<Value, CniError> {
         let mut doc = Map::new();
         doc.insert("cniVersion".into(), Value::from(cni_version));
-        let routes: Vec<Value> = self.routes.iter().map(|r| route_for(r, cni_version)).collect();
+        let routes: Vec<Value> = self.routes.iter().map(|r| route_for(r, layout(cni_version))).collect();
         let dns = self.dns.clone().unwrap_or_default();
         match layout(cni_version) {
             Layout::PerFamily => {
@@ -186,7 +189,7 @@ mod tests {
             assert_eq!(v["ips"][0], json!({"version": "4", "address": "192.0.2.1/24", "gateway": "192.0.2.254"}));
             assert_eq!(v["ips"][1], json!({"version": "6", "address": "2001:db8::1/64"}));
             assert_eq!(v["ips"].as_array().unwrap().len(), 3);
-            assert_eq!(v["routes"][0], json!({"dst": "0.0.0.0/0", "gw": "192.0.2.254"}));
+            assert_eq!(v["routes"][0], json!({"dst": "0.0.0.0/0", "gw": "192.0.2.254", "mtu": 1400}), "libcni keeps every route field");
             assert_eq!(v["dns"], json!({}));
             assert!(v.get("interfaces").is_none());
         }
@@ -197,8 +200,8 @@ mod tests {
         let v = dual_stack().to_value("1.0.0").unwrap();
         assert_eq!(v["ips"][1], json!({"address": "2001:db8::1/64"}));
         assert!(v.get("dns").is_none());
-        assert_eq!(v["routes"][0], json!({"dst": "0.0.0.0/0", "gw": "192.0.2.254"}));
-        // 1.1.0 route fields survive in 1.1.0 output.
+        // The 1.1.0 route fields survive in 1.0.0 and 1.1.0 output, as in whereabouts'.
+        assert_eq!(v["routes"][0], json!({"dst": "0.0.0.0/0", "gw": "192.0.2.254", "mtu": 1400}));
         let v = dual_stack().to_value("1.1.0").unwrap();
         assert_eq!(v["routes"][0]["mtu"], 1400);
         let mut with_dns = dual_stack();
