@@ -246,7 +246,9 @@ pub trait Datastore {
     /// returned guard drops. Compare-and-swap in `commit` stays the guarantee; this
     /// only stops concurrent writers from repeatedly invalidating each other's
     /// plans, which under a burst makes tail latency explode. Shared stores
-    /// (Kubernetes, etcd) keep the default: no lock, CAS alone.
+    /// (Kubernetes, etcd) take no lock (CAS alone), but use the call to record the
+    /// deadline for their loads; etcd also reads a multi-range call's pool keys
+    /// together here.
     fn lock_for_update(&self, _pools: &[PoolId], _deadline: Instant) -> Result<UpdateLock, DatastoreError> {
         Ok(UpdateLock::none())
     }
