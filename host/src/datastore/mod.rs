@@ -203,7 +203,7 @@ pub trait Datastore {
     ///   conflict. That is all an allocation needs (no address twice, never
     ///   removing someone else's entry), and it lets concurrent ADDs that planned
     ///   different addresses all succeed. Why this is safe next to whereabouts:
-    ///   [`kubernetes`]'s module documentation.
+    ///   `docs/datastores.md`, "Why per-entry compare-and-swap is safe".
     /// - etcd: each pool key's `mod_revision` as read (the whole pool, like the
     ///   file store; `create_revision == 0` for an absent pool) and each new
     ///   reservation key's absence, all in one transaction: every pool of the
