@@ -1,4 +1,5 @@
-//! whereabouts.md §1 (configuration) as tests, plus thereabouts' documented differences.
+//! whereabouts v0.9.4's configuration rules (`pkg/config/config.go`, `pkg/types/types.go`)
+//! as tests, plus thereabouts' documented differences.
 
 use super::*;
 use serde_json::json;

@@ -44,7 +44,8 @@ fn with_network_prefix(name: String, network_name: &str) -> String {
 mod tests {
     use super::*;
 
-    // Vectors from whereabouts.md §3.2.
+    // Vectors from whereabouts v0.9.4 `pkg/storage/kubernetes/ipam.go` (pool and
+    // reservation names; the IPv4 pool names are those of its `ipam_test.go`).
     #[test]
     fn pool_names_match_whereabouts() {
         assert_eq!(pool_name("192.168.1.0/24", "").unwrap(), "192.168.1.0-24");

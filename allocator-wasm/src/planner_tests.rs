@@ -1,4 +1,5 @@
-//! whereabouts.md §2 (allocation) as tests.
+//! whereabouts v0.9.4's allocation rules (`pkg/allocate/allocate.go`,
+//! `pkg/iphelpers/iphelpers.go`) as tests.
 
 use super::*;
 use crate::range::{RangeSpec, normalize_range};
@@ -48,7 +49,8 @@ fn excluded_blocks_are_skipped() {
     let r = range_with("192.0.2.0/24", &["192.0.2.0/28", "192.0.2.17"]);
     assert_eq!(fresh_ip(plan(&r, &taken(&[]), &req("a", "eth0"))), "192.0.2.16/24");
     assert_eq!(fresh_ip(plan(&r, &taken(&[16]), &req("a", "eth0"))), "192.0.2.18/24");
-    // Huge exclude inside a huge range: whereabouts.md §2.2 (2001:db8::/30 minus 2001:db8::/32).
+    // Huge exclude inside a huge range (2001:db8::/30 minus 2001:db8::/32), as whereabouts'
+    // `IterateForAssignment` skips it in `pkg/allocate/allocate.go`.
     let r = range_with("2001:db8::/30", &["2001:db8::/32"]);
     assert_eq!(fresh_ip(plan(&r, &taken(&[]), &req("a", "eth0"))), "2001:db9::/30");
 }

@@ -1,7 +1,8 @@
 //! One range entry of a config → a [`NormalizedRange`]: network, effective first and
 //! last usable address, excluded blocks, usable count, gateway and pool name.
-//! Implements whereabouts' range forms (§1.6) and `GetIPRange` (§2.1), and rejects
-//! what whereabouts only fails on later (ranges with no usable address, bad excludes).
+//! Implements whereabouts' range forms (`pkg/config/config.go`) and `GetIPRange`
+//! (`pkg/iphelpers/iphelpers.go`), and rejects what whereabouts only fails on
+//! later (ranges with no usable address, bad excludes).
 
 use std::net::IpAddr;
 

@@ -291,9 +291,10 @@ pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normal
 /// not a valid attachment. Returns the removed entries with their pools.
 ///
 /// Only for stores this node alone writes: CNI GC lists the attachments of this
-/// node's runtime, and in a store shared by every node (Kubernetes) the other
-/// nodes' live entries would look like garbage. There GC removes nothing (stale
-/// entries are the reconciler's job, as in whereabouts).
+/// node's runtime, and in a store shared by every node (Kubernetes, etcd) the
+/// other nodes' live entries would look like garbage. There GC removes nothing;
+/// whereabouts leaves stale entries to its reconciler, and thereabouts has none
+/// yet, so they stay until removed by hand.
 pub fn collect_garbage(
     engine: &mut EngineComponent,
     store: &dyn Datastore,

@@ -168,7 +168,7 @@ pub trait Datastore {
     ///   conflict. That is all an allocation needs (no address twice, never
     ///   removing someone else's entry), and it lets concurrent ADDs that planned
     ///   different addresses all succeed. Why this is safe next to whereabouts:
-    ///   [`kubernetes`]'s module documentation.
+    ///   `docs/datastores.md`, "Why per-entry compare-and-swap is safe".
     /// - etcd: each pool key's `mod_revision` as read (the whole pool, like the
     ///   file store; `create_revision == 0` for an absent pool) and each new
     ///   reservation key's absence, all in one transaction: every pool of the
@@ -211,7 +211,9 @@ pub trait Datastore {
     /// returned guard drops. Compare-and-swap in `commit` stays the guarantee; this
     /// only stops concurrent writers from repeatedly invalidating each other's
     /// plans, which under a burst makes tail latency explode. Shared stores
-    /// (Kubernetes, etcd) keep the default: no lock, CAS alone.
+    /// (Kubernetes, etcd) take no lock (CAS alone), but use the call to record the
+    /// deadline for their loads; etcd also reads a multi-range call's pool keys
+    /// together here.
     fn lock_for_update(&self, _pools: &[PoolId], _deadline: Instant) -> Result<UpdateLock, DatastoreError> {
         Ok(UpdateLock::none())
     }

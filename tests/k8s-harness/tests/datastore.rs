@@ -453,7 +453,8 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// An `IPPool` exactly as whereabouts v0.9.4 writes it (whereabouts.md §3.1-3.3):
+/// An `IPPool` exactly as whereabouts v0.9.4 writes it (`pkg/storage/kubernetes/ipam.go`,
+/// types in `pkg/api/whereabouts.cni.cncf.io/v1alpha1/`):
 /// created as `{range, allocations: {}}`, entries keyed by the decimal offset
 /// from the network address, `{id, podref, ifname}` (no `ifname` before v0.8.0),
 /// and the ORIPs it creates beside them (`{podref, ifname}`, no `containerid`).

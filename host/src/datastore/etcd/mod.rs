@@ -36,7 +36,8 @@
 //!   [`DatastoreError::EtcdConfig`] (code 7). Every request is bounded by the
 //!   call's deadline and by [`REQUEST_TIMEOUT`].
 //! - Shared by every node: CNI GC removes nothing here (see
-//!   [`Capabilities::shared_by_nodes`]); stale entries of pods gone are a reconciler's job.
+//!   [`Capabilities::shared_by_nodes`]); stale entries of pods gone stay (there is
+//!   no reconciler yet).
 //!
 //! The client runs on a private current-thread tokio runtime, so the
 //! [`Datastore`] trait stays synchronous, and connects on first use.

@@ -3,97 +3,11 @@
 //! `OverlappingRangeIPReservation` objects, read and written exactly as
 //! whereabouts v0.9.4 does, so both plugins can share a cluster's pools.
 //!
-//! - Namespace: the kubeconfig's current context's, `kube-system` if it names none.
-//! - [`load`](Datastore::load): LIST the `IPPool` by name (`fieldSelector`: one
-//!   request like a GET, served from the apiserver's cache, and the answer tells
-//!   the revision the read saw; a GET while that cache warms up); none = empty
-//!   pool (created on commit).
-//! - [`commit`](Datastore::commit), all or nothing:
-//!   1. reservations first: POST one `OverlappingRangeIPReservation` per new
-//!      address. One that exists for the same pod and interface is adopted; one
-//!      held by anyone else is remembered as [`reserved`](Datastore::reserved)
-//!      for that pool, and the caller plans again around it: at once when the
-//!      reservation is older than the pool as read (an overlapping range's
-//!      address, [`DatastoreError::Reserved`]), as after a conflict when it is
-//!      newer (a writer racing for the address, [`DatastoreError::Conflict`]);
-//!   2. pools in order: POST a missing pool (409 = someone created it: conflict),
-//!      PATCH an existing one with a JSON patch whose every change is guarded by
-//!      a `test` of the entry it touches ([`patch`]: an insert needs its offset
-//!      still free, a removal the entry's container ID as read; 422 = such a test
-//!      failed: conflict). If a pool fails, the pools already written get their
-//!      new entries removed again, then the error is returned;
-//!   3. reservations of removed entries are deleted (only when still held by the
-//!      removed entry's pod and interface; absence is fine).
-//! - Reservations across conflicts: the reservations a commit created stay
-//!   while the caller plans again after a conflict; the next commit reuses the
-//!   ones it plans again (no request) and deletes the others first. A failure
-//!   other than a conflict deletes them all, and so does
-//!   [`finish`](Datastore::finish) for those no commit recorded in the end
-//!   (out of time, a plan that failed): whatever a call ends with, it leaves no
-//!   reservation of its own behind for an address it did not get.
-//! - A lost reservation race does not re-read the pools: the retry plans on the
-//!   objects already read (plus the address lost, now [`reserved`](Datastore::reserved)),
-//!   which the entry guards make safe. Only a pool write drops a read. After the
-//!   first lost race, a reservation found taken is not read either (see `reserve`).
-//! - Every reservation we create carries the label [`crd::ATTACHMENT_LABEL`] (a
-//!   hash of container ID and interface). A DEL lists the reservations with its
-//!   label once ([`begin_release`](Datastore::begin_release)): the ones its pool
-//!   entries lead to are deleted without another read, and the ones no entry
-//!   leads to (an ADD that reserved, then failed and could not clean up: the
-//!   apiserver went away, the process was killed) are deleted at the end
-//!   ([`end_release`](Datastore::end_release)) if their fields name this exact
-//!   container and interface.
-//! - No lock, unlike whereabouts' cluster-wide `Lease`, and no `resourceVersion`
-//!   precondition: the per-entry `test`s are the compare-and-swap, so writers
-//!   that planned different addresses all succeed, and only two writers after
-//!   one address (or one entry) conflict.
-//! - Uncontended ADD: per range one GET, one POST (reservation) and one PATCH (or
-//!   POST of a new pool); two without `enable_overlapping_ranges`. Uncontended
-//!   DEL: per range one GET, one PATCH and one DELETE, plus one LIST per call.
-//! - Many writers of one pool: the apiserver applies a PATCH to the object as
-//!   stored and repeats it while other writes land in between, so concurrent
-//!   PATCHes of one object cost it far more than the same PATCHes in a row.
-//!   `deploy/flowcontrol.yaml` queues the plugin's pool writes in a priority
-//!   level of a few seats (API Priority and Fairness): a queue inside the
-//!   apiserver, not a lock.
-//! - Failures: unreachable, timeouts, 429 and 5xx are [`DatastoreError::Unavailable`]
-//!   (CNI code 11); 401/403 [`DatastoreError::Denied`]; a bad kubeconfig
-//!   [`DatastoreError::Kubeconfig`] (code 7). Every request is bounded by the
-//!   call's deadline and by [`REQUEST_TIMEOUT`] ([`WRITE_TIMEOUT`] for a pool
-//!   PATCH, which may queue behind other writers inside the apiserver).
-//!
-//! # Why per-entry compare-and-swap is safe
-//!
-//! What an allocation must never do: hand out an address an entry already
-//! holds, lose an entry someone else wrote, or remove an entry that is not the
-//! one it meant. Each follows from how the apiserver applies a JSON patch:
-//!
-//! - a PATCH is applied inside the registry's `GuaranteedUpdate`: to the object
-//!   as currently stored, written back only if etcd still holds that revision,
-//!   else re-read and applied again (a `test` that failed against a cached copy
-//!   is re-evaluated against the stored object). So the `test`s and the changes
-//!   of one patch see one state and land together, with no other write between
-//!   them, whatever happened since our GET;
-//! - an insert applies only if its key is absent at that moment (`test` against
-//!   `null`): of two writers after one offset, exactly one succeeds; the other
-//!   gets 422, reads again and plans around it. A removal or container-ID change
-//!   applies only if the entry still has the ID read, so it never touches an
-//!   entry someone else put at that offset since;
-//! - a patch changes nothing but the members it names, so the entries other
-//!   writers added or removed since our read are kept as they are: nothing is
-//!   lost, which is exactly why their writes need not conflict with ours;
-//! - whereabouts still guards its writes with the `resourceVersion` it read (a
-//!   JSON patch that tests `/metadata/resourceVersion`, or an update carrying
-//!   it): any write of ours since its read moves the version, so its write
-//!   fails (422/409) and it reads again; it never overwrites our entries with a
-//!   stale pool. Our writes do not depend on its version, so we never lose to a
-//!   whereabouts write either, we only meet its entries (and ORIPs) like anyone's.
-//!
-//! What is not compared: entries our plan did not touch. The engine only needs
-//! "this offset is free" to insert, so a concurrent change elsewhere in the pool
-//! cannot make our insert wrong. Offsets are tested under the key whereabouts
-//! writes for them (plus its negative key for offsets in [2^63, 2^64)); the
-//! reservations (on by default) guard the address itself whatever the key.
+//! No lock: every pool write is a JSON patch whose changes are each guarded by a
+//! `test` of the entry they touch ([`patch`]), and reservations are created
+//! before the pools are written. The design, the request sequence of each path,
+//! the failure classes and why per-entry compare-and-swap is safe next to
+//! whereabouts' writers are in `docs/datastores.md` ("The Kubernetes datastore").
 //!
 //! The client runs on a private current-thread tokio runtime, so the
 //! [`Datastore`] trait stays synchronous and nothing of it exists unless this

@@ -18,7 +18,8 @@
 //!
 //! There is no `test` of `metadata.resourceVersion` (whereabouts has one): writes
 //! to other entries since the read change nothing this plan relied on, so they
-//! must not make it fail. Why this is safe next to whereabouts: [`super`].
+//! must not make it fail. Why this is safe next to whereabouts:
+//! `docs/datastores.md`, "Why per-entry compare-and-swap is safe".
 //! Everything else in the object is left alone.
 
 use serde_json::{Value, json};
