@@ -653,7 +653,7 @@ impl Datastore for KubernetesStore {
             // An identity from an older deploy/rbac.yaml (no `list`): the DEL still
             // frees every reservation its pool entries lead to.
             Reply::Status(s) if s.code == 403 => {
-                logging::error(format!("{}; reservations left by failed ADDs stay until the reconciler frees them (grant `list` on overlappingrangeipreservations, see deploy/rbac.yaml)", self.status_error(&s, &action)));
+                logging::error(format!("{}; reservations left by failed ADDs stay, nothing else frees them (grant `list` on overlappingrangeipreservations, see deploy/rbac.yaml)", self.status_error(&s, &action)));
                 HashMap::new()
             }
             Reply::Status(s) => return Err(self.status_error(&s, &action)),
