@@ -5,7 +5,7 @@
 //! call met (`request.contention`): racing ADDs then spread over the lowest free
 //! addresses instead of all planning the lowest one again.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
 
 use thereabouts_allocator::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, Request};
@@ -220,12 +220,21 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
     if reserving {
         store.begin_release(who.container_id, who.ifname, deadline)?;
     }
+    // Reservations of entries this DEL leaves to a newer container of the same
+    // pod (an ADD adopted them): still in use, whoever made them.
+    let mut in_use = BTreeSet::new();
     let removed = until_committed(store, &pools, deadline, "DEL", |_| {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();
         let mut removed = 0;
+        in_use.clear();
         for pool in &pools {
             let entries = loaded.get(&pool.name).map(|p| p.entries.as_slice()).unwrap_or_default();
+            if reserving && !config.pod_ref.is_empty() {
+                for entry in entries.iter().filter(|e| e.pod_ref == config.pod_ref && e.ifname == who.ifname && e.container_id != who.container_id) {
+                    in_use.extend(entry_reservation(engine, config, pool, entry.offset)?);
+                }
+            }
             for index in engine.release(entries, who.container_id, who.ifname).map_err(engine_failure)? {
                 if let Some(entry) = entries.get(index as usize) {
                     changes.push(pool.clone(), Change::Remove { offset: entry.offset });
@@ -240,7 +249,7 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
         Ok((removed, updates))
     })?;
     if reserving {
-        let leftovers = store.end_release(deadline)?;
+        let leftovers = store.end_release(&in_use, deadline)?;
         if leftovers > 0 {
             crate::logging::verbose(format!("DEL {}/{}: freed {leftovers} reservation(s) an earlier ADD left without a pool entry", who.container_id, who.ifname));
         }

@@ -10,8 +10,9 @@
 //!   pool (created on commit).
 //! - [`commit`](Datastore::commit), all or nothing:
 //!   1. reservations first: POST one `OverlappingRangeIPReservation` per new
-//!      address. One that exists for the same pod and interface is adopted; one
-//!      held by anyone else is remembered as [`reserved`](Datastore::reserved)
+//!      address. One that exists for the same attachment (or a whereabouts one
+//!      of the same pod and interface) is adopted; one held by anyone else,
+//!      another container of the same pod included, is remembered as [`reserved`](Datastore::reserved)
 //!      for that pool, and the caller plans again around it: at once when the
 //!      reservation is older than the pool as read (an overlapping range's
 //!      address, [`DatastoreError::Reserved`]), as after a conflict when it is
@@ -42,7 +43,9 @@
 //!   leads to (an ADD that reserved, then failed and could not clean up: the
 //!   apiserver went away, the process was killed) are deleted at the end
 //!   ([`end_release`](Datastore::end_release)) if their fields name this exact
-//!   container and interface.
+//!   container and interface and no entry the DEL left in the pools (one a newer
+//!   container of the pod adopted) still needs them: the label is never
+//!   updated, so it may name a container that no longer holds the address.
 //! - No lock, unlike whereabouts' cluster-wide `Lease`, and no `resourceVersion`
 //!   precondition: the per-entry `test`s are the compare-and-swap, so writers
 //!   that planned different addresses all succeed, and only two writers after
@@ -104,7 +107,7 @@ pub mod failure;
 pub mod kubeconfig;
 pub mod patch;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -157,7 +160,7 @@ pub struct KubernetesStore {
     /// Reservations this process created that no successful commit recorded yet,
     /// by name: kept across a conflict for the retry, deleted when the retry plans
     /// other addresses, when a commit fails otherwise, and by `finish`.
-    held: Mutex<HashMap<String, Held>>,
+    held: Mutex<BTreeMap<String, Held>>,
     /// Per pool name: the revision (collection resourceVersion) of its last read.
     read_revisions: Mutex<HashMap<String, String>>,
     /// Set when a commit lost a reservation race: the pools did not refuse
@@ -176,7 +179,7 @@ pub struct KubernetesStore {
 struct Releasing {
     container_id: String,
     ifname: String,
-    labelled: HashMap<String, crd::ReservationObject>,
+    labelled: BTreeMap<String, crd::ReservationObject>,
 }
 
 /// A reservation this process created.
@@ -206,7 +209,8 @@ enum Reply {
 /// How a reservation attempt ended.
 enum Reservation {
     Created { uid: String },
-    /// It existed already for the same pod and interface (a retried ADD).
+    /// It existed already for this attachment (a retried ADD), or was made by
+    /// whereabouts for the same pod and interface.
     Adopted,
     HeldElsewhere(crd::ReservationObject),
     /// It exists, and this call already lost a race: taken by a racer, not read.
@@ -239,12 +243,18 @@ impl KubernetesStore {
                 Ok::<_, String>((client, server))
             })
             .map_err(unusable)?;
-        Ok(Self {
+        Ok(Self::with_client(runtime, client, server, namespace, kubeconfig_path.to_path_buf()))
+    }
+
+    /// The store over `client`, which must have been made inside `runtime`
+    /// (its dispatcher runs there). `server` and `kubeconfig` are for messages.
+    fn with_client(runtime: tokio::runtime::Runtime, client: kube::Client, server: String, namespace: String, kubeconfig: PathBuf) -> Self {
+        Self {
             runtime,
             client,
             server,
             namespace,
-            kubeconfig: kubeconfig_path.to_path_buf(),
+            kubeconfig,
             deadline: Mutex::new(Instant::now() + retry::budget(retry::OTHER_BUDGET)),
             requests: AtomicU32::new(0),
             pools: Mutex::default(),
@@ -254,7 +264,7 @@ impl KubernetesStore {
             reuse_reads: AtomicBool::new(false),
             races_lost: AtomicU32::new(0),
             releasing: Mutex::default(),
-        })
+        }
     }
 
     pub fn namespace(&self) -> &str {
@@ -455,7 +465,7 @@ impl KubernetesStore {
             match self.call(Method::GET, &self.reservation_path(name), None, &reading, deadline)? {
                 Reply::Object(existing) => {
                     let existing = crd::parse_reservation(&existing);
-                    return Ok(if existing.is_held_by(holder) { Reservation::Adopted } else { Reservation::HeldElsewhere(existing) });
+                    return Ok(if existing.is_adoptable_by(holder) { Reservation::Adopted } else { Reservation::HeldElsewhere(existing) });
                 }
                 Reply::Status(s) if failure::is_object_not_found(&s, name) => continue,
                 Reply::Status(s) => return Err(self.status_error(&s, &reading)),
@@ -745,7 +755,7 @@ impl Datastore for KubernetesStore {
             // frees every reservation its pool entries lead to.
             Reply::Status(s) if s.code == 403 => {
                 logging::error(format!("{}; reservations left by failed ADDs stay until the reconciler frees them (grant `list` on overlappingrangeipreservations, see deploy/rbac.yaml)", self.status_error(&s, &action)));
-                HashMap::new()
+                BTreeMap::new()
             }
             Reply::Status(s) => return Err(self.status_error(&s, &action)),
         };
@@ -753,12 +763,18 @@ impl Datastore for KubernetesStore {
         Ok(())
     }
 
-    fn end_release(&self, deadline: Instant) -> Result<usize, DatastoreError> {
+    fn end_release(&self, in_use: &BTreeSet<String>, deadline: Instant) -> Result<usize, DatastoreError> {
         let Some(releasing) = lock(&self.releasing).take() else { return Ok(0) };
         let mut freed = 0;
         for (name, r) in &releasing.labelled {
             // The label is a hash: free only what this exact attachment made.
             if !r.is_made_by(&releasing.container_id, &releasing.ifname) {
+                continue;
+            }
+            // Made by this container, but its entry now names a newer container
+            // of the pod, which still relies on it (the label is never updated).
+            if in_use.contains(name) {
+                logging::debug(format!("reservation {name}: made by this attachment, still guards its pod's entry; kept"));
                 continue;
             }
             logging::debug(format!("reservation {name}: made by this attachment, no pool entry of it left; deleting"));
