@@ -106,6 +106,10 @@ pub mod crd;
 pub mod failure;
 pub mod kubeconfig;
 pub mod patch;
+#[cfg(test)]
+mod mock_api;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
