@@ -5,7 +5,7 @@
 //! call met (`request.contention`): racing ADDs then spread over the lowest free
 //! addresses instead of all planning the lowest one again.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
 use thereabouts_allocator::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, Request};
@@ -222,7 +222,7 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
     }
     // Reservations of entries this DEL leaves to a newer container of the same
     // pod (an ADD adopted them): still in use, whoever made them.
-    let mut in_use = BTreeSet::new();
+    let mut in_use = Vec::new();
     let removed = until_committed(store, &pools, deadline, "DEL", |_| {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();

@@ -11,7 +11,6 @@ pub mod kubernetes;
 pub mod pool_file;
 pub mod retry;
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -238,7 +237,7 @@ pub trait Datastore {
     /// `in_use` stays: it guards an entry the DEL left in the pools (a newer
     /// container of the same pod adopted it, [`Change::SetContainerId`]), and a
     /// reservation goes only together with the entry it guards.
-    fn end_release(&self, _in_use: &BTreeSet<String>, _deadline: Instant) -> Result<usize, DatastoreError> {
+    fn end_release(&self, _in_use: &[String], _deadline: Instant) -> Result<usize, DatastoreError> {
         Ok(0)
     }
 

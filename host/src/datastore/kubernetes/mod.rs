@@ -111,7 +111,7 @@ mod mock_api;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -164,7 +164,7 @@ pub struct KubernetesStore {
     /// Reservations this process created that no successful commit recorded yet,
     /// by name: kept across a conflict for the retry, deleted when the retry plans
     /// other addresses, when a commit fails otherwise, and by `finish`.
-    held: Mutex<BTreeMap<String, Held>>,
+    held: Mutex<HashMap<String, Held>>,
     /// Per pool name: the revision (collection resourceVersion) of its last read.
     read_revisions: Mutex<HashMap<String, String>>,
     /// Set when a commit lost a reservation race: the pools did not refuse
@@ -183,7 +183,7 @@ pub struct KubernetesStore {
 struct Releasing {
     container_id: String,
     ifname: String,
-    labelled: BTreeMap<String, crd::ReservationObject>,
+    labelled: HashMap<String, crd::ReservationObject>,
 }
 
 /// A reservation this process created.
@@ -759,7 +759,7 @@ impl Datastore for KubernetesStore {
             // frees every reservation its pool entries lead to.
             Reply::Status(s) if s.code == 403 => {
                 logging::error(format!("{}; reservations left by failed ADDs stay until the reconciler frees them (grant `list` on overlappingrangeipreservations, see deploy/rbac.yaml)", self.status_error(&s, &action)));
-                BTreeMap::new()
+                HashMap::new()
             }
             Reply::Status(s) => return Err(self.status_error(&s, &action)),
         };
@@ -767,7 +767,7 @@ impl Datastore for KubernetesStore {
         Ok(())
     }
 
-    fn end_release(&self, in_use: &BTreeSet<String>, deadline: Instant) -> Result<usize, DatastoreError> {
+    fn end_release(&self, in_use: &[String], deadline: Instant) -> Result<usize, DatastoreError> {
         let Some(releasing) = lock(&self.releasing).take() else { return Ok(0) };
         let mut freed = 0;
         for (name, r) in &releasing.labelled {
