@@ -239,12 +239,21 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
     if reserving {
         store.begin_release(who.container_id, who.ifname, deadline)?;
     }
+    // Reservations of entries this DEL leaves to a newer container of the same
+    // pod (an ADD adopted them): still in use, whoever made them.
+    let mut in_use = Vec::new();
     let removed = until_committed(store, &pools, deadline, "DEL", |_| {
         let loaded = load_all(store, &pools)?;
         let mut changes = Changes::new();
         let mut removed = 0;
+        in_use.clear();
         for pool in &pools {
             let entries = loaded.get(&pool.name).map(|p| p.entries.as_slice()).unwrap_or_default();
+            if reserving && !config.pod_ref.is_empty() {
+                for entry in entries.iter().filter(|e| e.pod_ref == config.pod_ref && e.ifname == who.ifname && e.container_id != who.container_id) {
+                    in_use.extend(entry_reservation(engine, config, pool, entry.offset)?);
+                }
+            }
             for index in engine.release(entries, who.container_id, who.ifname).map_err(EngineFailure)? {
                 if let Some(entry) = entries.get(index as usize) {
                     changes.push(pool.clone(), Change::Remove { offset: entry.offset });
@@ -259,7 +268,7 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
         Ok((removed, updates))
     })?;
     if reserving {
-        let leftovers = store.end_release(deadline)?;
+        let leftovers = store.end_release(&in_use, deadline)?;
         if leftovers > 0 {
             crate::logging::verbose(format!("DEL {}/{}: freed {leftovers} reservation(s) an earlier ADD left without a pool entry", who.container_id, who.ifname));
         }

@@ -198,8 +198,11 @@ pub trait Datastore {
     /// DEL, after its entries left the pools: frees what the attachment still
     /// holds outside them, and returns how many. Kubernetes: reservations an ADD
     /// made and could not delete before it failed (the apiserver went away, the
-    /// process was killed); no pool entry leads to those.
-    fn end_release(&self, _deadline: Instant) -> Result<usize, DatastoreError> {
+    /// process was killed); no pool entry leads to those. A reservation named in
+    /// `in_use` stays: it guards an entry the DEL left in the pools (a newer
+    /// container of the same pod adopted it, [`Change::SetContainerId`]), and a
+    /// reservation goes only together with the entry it guards.
+    fn end_release(&self, _in_use: &[String], _deadline: Instant) -> Result<usize, DatastoreError> {
         Ok(0)
     }
 

@@ -753,6 +753,37 @@ fn overlapping_ranges_never_share_an_address() {
     assert_eq!(reservations["red-192.0.2.97"]["podref"], "default/red");
 }
 
+/// A pod's sandbox re-created: the new container adopts the entry (same pod
+/// and interface), then the old container's DEL comes. The entry stays, and so
+/// must the reservation that guards it from overlapping ranges.
+#[test]
+fn the_old_containers_del_keeps_the_reservation_its_pod_still_uses() {
+    let cluster = shared();
+    let objects = Objects::admin(&cluster).unwrap();
+    let kc = cluster.plugin_kubeconfig();
+    let wide = kubernetes_conf("k8s-renew", &kc, None, &["192.0.2.240/28"]).to_string();
+    let narrow = kubernetes_conf("k8s-renew-narrow", &kc, None, &["192.0.2.240/29"]).to_string();
+    assert_eq!(add(&wide, "cid-r1", "renewed").ips(), ["192.0.2.241/28"]);
+    assert_eq!(add(&wide, "cid-r2", "renewed").ips(), ["192.0.2.241/28"]);
+    del(&wide, "cid-r1", "renewed").expect_ok("DEL of the old container");
+    assert_eq!(
+        objects.allocations("192.0.2.240-28").unwrap()["1"],
+        entry("cid-r2", "renewed", "eth0")
+    );
+    assert_eq!(
+        objects.reservations().unwrap()["192.0.2.241"]["podref"],
+        "default/renewed"
+    );
+    assert_eq!(
+        add(&narrow, "cid-o", "other").ips(),
+        ["192.0.2.242/29"],
+        "an overlapping range plans around the address"
+    );
+    del(&wide, "cid-r2", "renewed").expect_ok("DEL of the new container");
+    del(&narrow, "cid-o", "other").expect_ok("DEL other");
+    assert!(!objects.reservations().unwrap().contains_key("192.0.2.241"));
+}
+
 #[test]
 fn a_failing_later_range_rolls_back_the_earlier_ones() {
     let cluster = shared();

@@ -169,6 +169,25 @@ fn overlapping_ranges_never_share_an_address_and_a_later_range_exhausted_writes_
     assert_eq!(etcd.dump("/thereabouts/").unwrap(), before, "nothing of the failed ADD was written");
 }
 
+/// A pod's sandbox re-created: the new container adopts the entry, then the
+/// old container's DEL comes. The entry and its reservation stay.
+#[test]
+fn the_old_containers_del_keeps_the_reservation_its_pod_still_uses() {
+    let etcd = Etcd::start_plain().expect("starting etcd");
+    let wide = etcd_conf(etcd.access(), &["192.0.2.0/24"]);
+    let narrow = etcd_conf(etcd.access(), &["192.0.2.0/28"]);
+    assert_eq!(add(&wide, "cid-r1", "renewed").ips(), ["192.0.2.1/24"]);
+    assert_eq!(add(&wide, "cid-r2", "renewed").ips(), ["192.0.2.1/24"]);
+    del(&wide, "cid-r1", "renewed").expect_ok("DEL of the old container");
+    let (pool, _) = etcd.get("/thereabouts/pools/192.0.2.0-24").unwrap().expect("pool");
+    assert!(pool.contains(&format!(r#""1":{}"#, entry("cid-r2", "renewed"))), "{pool}");
+    let (held, _) = etcd.get(&format!("{RESERVATIONS}192.0.2.1")).unwrap().expect("the reservation stays");
+    assert!(held.contains(r#""podref":"default/renewed""#), "{held}");
+    assert_eq!(add(&narrow, "cid-o", "other").ips(), ["192.0.2.2/28"], "an overlapping range plans around the address");
+    del(&wide, "cid-r2", "renewed").expect_ok("DEL of the new container");
+    assert_eq!(etcd.get(&format!("{RESERVATIONS}192.0.2.1")).unwrap(), None);
+}
+
 /// A loopback port nobody listens on.
 fn dead_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -215,6 +215,17 @@ impl ReservationObject {
         same_pod && (self.ifname.is_empty() || self.ifname == holder.ifname)
     }
 
+    /// Whether an ADD planning a fresh entry for `holder` may take this existing
+    /// reservation as its own: held by `holder`'s attachment and made by the same
+    /// container (a retried ADD), or by whereabouts, whose reservations name no
+    /// container and which reuses one of the same pod the same way. One made by
+    /// another container of the pod is not taken: the pool as read holds no entry
+    /// of the pod there, so that container's DEL has removed it and is about to
+    /// delete the reservation, or its ADD failed and its DEL will free it.
+    pub fn is_adoptable_by(&self, holder: &Allocation) -> bool {
+        self.is_held_by(holder) && (self.containerid.is_empty() || self.containerid == holder.container_id)
+    }
+
     /// Whether this exact attachment (container ID and interface) made it: what
     /// a DEL may free even though no pool entry leads to it.
     pub fn is_made_by(&self, container_id: &str, ifname: &str) -> bool {
@@ -329,6 +340,10 @@ mod tests {
         assert!(r("ns/pod", "", "").is_held_by(&holder), "pre-v0.8.0 reservation without ifname");
         assert!(!r("ns/pod", "net2", "cid").is_held_by(&holder));
         assert!(!r("ns/other", "net1", "cid").is_held_by(&holder));
+        // A fresh ADD takes over its own container's or whereabouts' reservation
+        // only, not one another container of the pod made (its DEL frees it).
+        assert!(r("ns/pod", "net1", "cid").is_adoptable_by(&holder) && r("ns/pod", "net1", "").is_adoptable_by(&holder));
+        assert!(!r("ns/pod", "net1", "other").is_adoptable_by(&holder));
         let bare = alloc(7, "cid", "", "eth0");
         assert!(r("", "eth0", "cid").is_held_by(&bare) && !r("", "eth0", "x").is_held_by(&bare));
         let object = json!({"metadata": {"uid": "abc", "resourceVersion": "17"}, "spec": {"podref": "ns/pod", "ifname": "net1"}});

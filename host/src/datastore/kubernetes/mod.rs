@@ -17,6 +17,10 @@ pub mod crd;
 pub mod failure;
 pub mod kubeconfig;
 pub mod patch;
+#[cfg(test)]
+mod mock_api;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -120,7 +124,8 @@ enum Reply {
 /// How a reservation attempt ended.
 enum Reservation {
     Created { uid: String },
-    /// It existed already for the same pod and interface (a retried ADD).
+    /// It existed already for this attachment (a retried ADD), or was made by
+    /// whereabouts for the same pod and interface.
     Adopted,
     HeldElsewhere(crd::ReservationObject),
     /// It exists, and this call already lost a race: taken by a racer, not read.
@@ -153,12 +158,18 @@ impl KubernetesStore {
                 Ok::<_, String>((client, server))
             })
             .map_err(unusable)?;
-        Ok(Self {
+        Ok(Self::with_client(runtime, client, server, namespace, kubeconfig_path.to_path_buf()))
+    }
+
+    /// The store over `client`, which must have been made inside `runtime`
+    /// (its dispatcher runs there). `server` and `kubeconfig` are for messages.
+    fn with_client(runtime: tokio::runtime::Runtime, client: kube::Client, server: String, namespace: String, kubeconfig: PathBuf) -> Self {
+        Self {
             runtime,
             client,
             server,
             namespace,
-            kubeconfig: kubeconfig_path.to_path_buf(),
+            kubeconfig,
             deadline: Mutex::new(Instant::now() + retry::budget(retry::OTHER_BUDGET)),
             requests: AtomicU32::new(0),
             pools: Mutex::default(),
@@ -168,7 +179,7 @@ impl KubernetesStore {
             reuse_reads: AtomicBool::new(false),
             races_lost: AtomicU32::new(0),
             releasing: Mutex::default(),
-        })
+        }
     }
 
     pub fn namespace(&self) -> &str {
@@ -364,7 +375,7 @@ impl KubernetesStore {
             match self.call(Method::GET, &self.reservation_path(name), None, &reading, deadline)? {
                 Reply::Object(existing) => {
                     let existing = crd::parse_reservation(&existing);
-                    return Ok(if existing.is_held_by(holder) { Reservation::Adopted } else { Reservation::HeldElsewhere(existing) });
+                    return Ok(if existing.is_adoptable_by(holder) { Reservation::Adopted } else { Reservation::HeldElsewhere(existing) });
                 }
                 Reply::Status(s) if failure::is_object_not_found(&s, name) => continue,
                 Reply::Status(s) => return Err(self.status_error(&s, &reading)),
@@ -662,12 +673,18 @@ impl Datastore for KubernetesStore {
         Ok(())
     }
 
-    fn end_release(&self, deadline: Instant) -> Result<usize, DatastoreError> {
+    fn end_release(&self, in_use: &[String], deadline: Instant) -> Result<usize, DatastoreError> {
         let Some(releasing) = lock(&self.releasing).take() else { return Ok(0) };
         let mut freed = 0;
         for (name, r) in &releasing.labelled {
             // The label is a hash: free only what this exact attachment made.
             if !r.is_made_by(&releasing.container_id, &releasing.ifname) {
+                continue;
+            }
+            // Made by this container, but its entry now names a newer container
+            // of the pod, which still relies on it (the label is never updated).
+            if in_use.contains(name) {
+                logging::debug(format!("reservation {name}: made by this attachment, still guards its pod's entry; kept"));
                 continue;
             }
             logging::debug(format!("reservation {name}: made by this attachment, no pool entry of it left; deleting"));

@@ -1,0 +1,319 @@
+//! The exact requests of each path of the store, against a scripted API server
+//! ([`mock_api`]): method, path and query, and the bodies that carry the
+//! compare-and-swap (patch `test`s, reservation owners, delete preconditions).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use thereabouts_allocator::model::Allocation;
+
+use super::mock_api::{Answer, store};
+use super::*;
+
+const API: &str = "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns";
+
+fn pool(cidr: &str) -> PoolId {
+    PoolId { name: cidr.replace('/', "-"), cidr: cidr.into() }
+}
+
+fn alloc(offset: u128, cid: &str, pod: &str) -> Allocation {
+    Allocation { offset, container_id: cid.into(), pod_ref: format!("default/{pod}"), ifname: "eth0".into() }
+}
+
+fn entry(cid: &str, pod: &str) -> Value {
+    json!({"id": cid, "podref": format!("default/{pod}"), "ifname": "eth0"})
+}
+
+/// A LIST of one pool by name, as the apiserver answers it at `revision`.
+fn listed(id: &PoolId, rv: &str, revision: &str, allocations: Value) -> Answer {
+    let item = json!({"metadata": {"name": id.name, "resourceVersion": rv}, "spec": {"range": id.cidr, "allocations": allocations}});
+    Answer::Ok(json!({"metadata": {"resourceVersion": revision}, "items": [item]}))
+}
+
+fn empty_list(revision: &str) -> Answer {
+    Answer::Ok(json!({"metadata": {"resourceVersion": revision}, "items": []}))
+}
+
+fn reservation(name: &str, uid: &str, rv: &str, holder: &Allocation) -> Value {
+    json!({"metadata": {"name": name, "uid": uid, "resourceVersion": rv}, "spec": {"containerid": holder.container_id, "podref": holder.pod_ref, "ifname": holder.ifname}})
+}
+
+fn created(uid: &str) -> Answer {
+    Answer::Ok(json!({"metadata": {"uid": uid}}))
+}
+
+fn ok() -> Answer {
+    Answer::Ok(json!({}))
+}
+
+fn list_path(id: &PoolId) -> String {
+    format!("{API}/ippools?fieldSelector=metadata.name%3D{}", id.name)
+}
+
+fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+fn add(id: &PoolId, expected: &str, name: &str, a: &Allocation) -> PoolUpdate {
+    PoolUpdate { pool: id.clone(), expected: Version(expected.into()), changes: vec![Change::Reserve { name: name.into(), holder: a.clone() }, Change::Insert(a.clone())] }
+}
+
+fn uid_precondition(uid: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}})
+}
+
+#[test]
+fn add_reads_reserves_then_writes_the_pool() {
+    let (p, absent) = (pool("192.0.2.0/24"), pool("198.51.100.0/24"));
+    let (s, log, script) = store("ns", vec![listed(&p, "10", "12", json!({"1": entry("c1", "a")})), empty_list("12"), created("u2"), created("u3"), ok(), ok()]);
+    let loaded = s.load(&p).unwrap();
+    assert_eq!((loaded.version, loaded.entries), (Version("10".into()), vec![alloc(1, "c1", "a")]));
+    assert_eq!(s.load(&absent).unwrap(), Pool::default());
+    let b = alloc(2, "c2", "b");
+    let into_absent = PoolUpdate { expected: Version::absent(), ..add(&absent, "", "198.51.100.2", &b) };
+    s.commit(&[add(&p, "10", "192.0.2.2", &b), into_absent], deadline()).unwrap();
+    assert_eq!(
+        log.lines(),
+        [
+            format!("GET {}", list_path(&p)),
+            format!("GET {}", list_path(&absent)),
+            format!("POST {API}/overlappingrangeipreservations"),
+            format!("POST {API}/overlappingrangeipreservations"),
+            format!("PATCH {API}/ippools/192.0.2.0-24"),
+            format!("POST {API}/ippools"),
+        ]
+    );
+    assert_eq!(log.body(2), crd::new_reservation("192.0.2.2", "ns", &b));
+    assert_eq!(
+        log.body(4),
+        json!([{"op": "test", "path": "/spec/allocations/2", "value": null}, {"op": "add", "path": "/spec/allocations/2", "value": entry("c2", "b")}])
+    );
+    assert_eq!(log.body(5)["spec"], json!({"range": "198.51.100.0/24", "allocations": {"2": entry("c2", "b")}}));
+    // Committed: nothing is left to free when the call ends.
+    s.finish(deadline());
+    assert_eq!(log.lines().len(), 6);
+    // Without reservations (`enable_overlapping_ranges: false`): the pool write alone.
+    script.then(vec![listed(&p, "13", "13", json!({"1": entry("c1", "a"), "2": entry("c2", "b")})), ok()]);
+    s.load(&p).unwrap();
+    s.commit(&[PoolUpdate { pool: p.clone(), expected: Version("13".into()), changes: vec![Change::Insert(alloc(3, "c3", "c"))] }], deadline()).unwrap();
+    assert_eq!(log.lines()[6..], [format!("GET {}", list_path(&p)), format!("PATCH {API}/ippools/192.0.2.0-24")]);
+}
+
+#[test]
+fn add_after_a_lost_pool_race_reads_again_and_reuses_its_reservation() {
+    let p = pool("192.0.2.0/24");
+    let a = alloc(1, "c1", "a");
+    let conflict = |r: Result<(), DatastoreError>| matches!(r, Err(DatastoreError::Conflict { .. }));
+    let (s, log, script) = store("ns", vec![empty_list("5"), created("u1"), Answer::Status(409, "AlreadyExists", Value::Null)]);
+    s.load(&p).unwrap();
+    // Someone created the pool first (409): a conflict; the reservation stays.
+    assert!(conflict(s.commit(&[PoolUpdate { expected: Version::absent(), ..add(&p, "", "192.0.2.1", &a) }], deadline())));
+    // Planned .1 again on the new read, and its entry's test fails (422).
+    script.then(vec![listed(&p, "6", "6", json!({"2": entry("c8", "y")})), Answer::Status(422, "Invalid", Value::Null)]);
+    s.load(&p).unwrap();
+    assert!(conflict(s.commit(&[add(&p, "6", "192.0.2.1", &a)], deadline())));
+    // c9 got .1: planned around it, the reservation of .1 is freed first.
+    script.then(vec![listed(&p, "7", "7", json!({"1": entry("c9", "z"), "2": entry("c8", "y")})), ok(), created("u3"), ok()]);
+    s.load(&p).unwrap();
+    s.commit(&[add(&p, "7", "192.0.2.3", &alloc(3, "c1", "a"))], deadline()).unwrap();
+    let (post, patch) = (format!("POST {API}/overlappingrangeipreservations"), format!("PATCH {API}/ippools/192.0.2.0-24"));
+    assert_eq!(
+        log.lines(),
+        [
+            format!("GET {}", list_path(&p)),
+            post.clone(),
+            format!("POST {API}/ippools"),
+            format!("GET {}", list_path(&p)),
+            // The reservation of the first attempt serves: no request.
+            patch.clone(),
+            format!("GET {}", list_path(&p)),
+            format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1"),
+            post,
+            patch,
+        ]
+    );
+    assert_eq!(log.body(4)[0], json!({"op": "test", "path": "/spec/allocations/1", "value": null}));
+    assert_eq!(log.body(6), uid_precondition("u1"));
+}
+
+#[test]
+fn add_after_a_lost_reservation_race_plans_again_on_the_same_read() {
+    let p = pool("192.0.2.0/24");
+    let a = alloc(1, "c1", "a");
+    let racer = alloc(1, "c9", "z");
+    let (s, log, script) = store(
+        "ns",
+        vec![
+            listed(&p, "10", "12", json!({})),
+            Answer::Status(409, "AlreadyExists", Value::Null),
+            // Made after the read (13 > 12): a racer, not an overlapping range.
+            Answer::Ok(reservation("192.0.2.1", "u9", "13", &racer)),
+        ],
+    );
+    s.load(&p).unwrap();
+    assert!(matches!(s.commit(&[add(&p, "10", "192.0.2.1", &a)], deadline()), Err(DatastoreError::Conflict { .. })));
+    assert_eq!(s.reserved(&p), [1]);
+    // No new read of the pool; a second taken reservation is not read either.
+    assert_eq!(s.load(&p).unwrap().version, Version("10".into()));
+    script.then(vec![Answer::Status(409, "AlreadyExists", Value::Null), created("u3"), ok()]);
+    assert!(matches!(s.commit(&[add(&p, "10", "192.0.2.2", &alloc(2, "c1", "a"))], deadline()), Err(DatastoreError::Conflict { .. })));
+    assert_eq!(s.reserved(&p), [1, 2]);
+    s.commit(&[add(&p, "10", "192.0.2.3", &alloc(3, "c1", "a"))], deadline()).unwrap();
+    let post = format!("POST {API}/overlappingrangeipreservations");
+    assert_eq!(
+        log.lines(),
+        [format!("GET {}", list_path(&p)), post.clone(), format!("GET {API}/overlappingrangeipreservations/192.0.2.1"), post.clone(), post, format!("PATCH {API}/ippools/192.0.2.0-24")]
+    );
+}
+
+#[test]
+fn an_older_reservation_is_an_overlapping_range_and_another_containers_is_not_adopted() {
+    let p = pool("192.0.2.0/24");
+    let a = alloc(1, "c2", "a");
+    // Older than the read (8 <= 12): an overlapping range holds it.
+    let (s, log, script) = store("ns", vec![listed(&p, "10", "12", json!({})), Answer::Status(409, "AlreadyExists", Value::Null), Answer::Ok(reservation("192.0.2.1", "u9", "8", &alloc(1, "c9", "z")))]);
+    s.load(&p).unwrap();
+    assert!(matches!(s.commit(&[add(&p, "10", "192.0.2.1", &a)], deadline()), Err(DatastoreError::Reserved { .. })));
+    // Same pod and interface, but made by its old container c1: that
+    // container's DEL frees it, so it is not taken over.
+    script.then(vec![Answer::Status(409, "AlreadyExists", Value::Null), Answer::Ok(reservation("192.0.2.2", "u1", "9", &alloc(2, "c1", "a")))]);
+    assert!(matches!(s.commit(&[add(&p, "10", "192.0.2.2", &alloc(2, "c2", "a"))], deadline()), Err(DatastoreError::Reserved { .. })));
+    assert_eq!(s.reserved(&p), [1, 2]);
+    // Its own (a retried ADD) or whereabouts' (no container): adopted, no request.
+    let mine = alloc(3, "c2", "a");
+    let whereabouts = json!({"metadata": {"name": "192.0.2.4", "uid": "w", "resourceVersion": "3"}, "spec": {"podref": "default/a", "ifname": "eth0"}});
+    script.then(vec![Answer::Status(409, "AlreadyExists", Value::Null), Answer::Ok(reservation("192.0.2.3", "u3", "9", &mine)), ok()]);
+    s.commit(&[add(&p, "10", "192.0.2.3", &mine)], deadline()).unwrap();
+    script.then(vec![listed(&p, "11", "14", json!({"3": entry("c2", "a")})), Answer::Status(409, "AlreadyExists", Value::Null), Answer::Ok(whereabouts), ok()]);
+    s.load(&p).unwrap();
+    s.commit(&[add(&p, "11", "192.0.2.4", &alloc(4, "c2", "a"))], deadline()).unwrap();
+    assert_eq!(log.lines().iter().filter(|l| l.starts_with("DELETE")).count(), 0);
+    assert!(script.is_done());
+}
+
+#[test]
+fn a_failing_later_pool_rolls_back_the_earlier_one_and_frees_the_reservations() {
+    let (p4, p6) = (pool("192.0.2.0/24"), PoolId { name: "2001-db8---64".into(), cidr: "2001:db8::/64".into() });
+    let (a4, a6) = (alloc(1, "c1", "a"), alloc(1, "c1", "a"));
+    let (s, log, _) = store(
+        "ns",
+        vec![
+            listed(&p4, "10", "12", json!({})),
+            listed(&p6, "11", "12", json!({})),
+            created("u4"),
+            created("u6"),
+            ok(),
+            Answer::Status(403, "Forbidden", Value::Null),
+            ok(),
+            ok(),
+            ok(),
+        ],
+    );
+    s.load(&p4).unwrap();
+    s.load(&p6).unwrap();
+    let e = s.commit(&[add(&p4, "10", "192.0.2.1", &a4), add(&p6, "11", "2001-db8--1", &a6)], deadline()).unwrap_err();
+    assert!(matches!(e, DatastoreError::Denied { .. }), "{e}");
+    assert_eq!(log.lines()[4..7], [format!("PATCH {API}/ippools/192.0.2.0-24"), format!("PATCH {API}/ippools/2001-db8---64"), format!("PATCH {API}/ippools/192.0.2.0-24")]);
+    // The rollback removes only the entry written, if it is still exactly that.
+    assert_eq!(log.body(6), json!([{"op": "test", "path": "/spec/allocations/1", "value": entry("c1", "a")}, {"op": "remove", "path": "/spec/allocations/1"}]));
+    // Then both reservations go (in no particular order), each only as created.
+    let mut freed: Vec<(String, Value)> = log.sent()[7..].iter().map(|s| (s.line.clone(), s.body.clone())).collect();
+    freed.sort_by(|a, b| a.0.cmp(&b.0));
+    let delete = |name: &str, uid: &str| (format!("DELETE {API}/overlappingrangeipreservations/{name}"), uid_precondition(uid));
+    assert_eq!(freed, [delete("192.0.2.1", "u4"), delete("2001-db8--1", "u6")]);
+}
+
+#[test]
+fn del_frees_its_entries_reservations_and_its_leftovers_but_not_what_its_pod_still_uses() {
+    let (p, q) = (pool("192.0.2.0/24"), pool("198.51.100.0/24"));
+    let (mine, other_pool) = (alloc(1, "c1", "a"), alloc(1, "c1", "a"));
+    let labelled = |name: &str, uid: &str, holder: &Allocation| reservation(name, uid, "3", holder);
+    let (s, log, _) = store(
+        "ns",
+        vec![
+            Answer::Ok(json!({"items": [
+                labelled("192.0.2.1", "u1", &mine),
+                // Left by an ADD of this attachment that failed.
+                labelled("192.0.2.9", "u9", &alloc(9, "c1", "a")),
+                // Its address now held by the pod's newer container (c2 adopted the entry).
+                labelled("192.0.2.5", "u5", &alloc(5, "c1", "a")),
+                // Same label value (a hash), another attachment: not ours.
+                labelled("192.0.2.7", "u7", &alloc(7, "c7", "q")),
+            ]})),
+            listed(&p, "10", "12", json!({"1": entry("c1", "a"), "5": entry("c2", "a")})),
+            listed(&q, "11", "12", json!({"1": entry("c1", "a")})),
+            ok(),
+            ok(),
+            ok(),
+            // Not labelled for this attachment (whereabouts made it, or an earlier container): read first.
+            Answer::Ok(json!({"metadata": {"name": "198.51.100.1", "uid": "w1"}, "spec": {"podref": "default/a", "ifname": "eth0"}})),
+            ok(),
+            ok(),
+        ],
+    );
+    s.begin_release("c1", "eth0", deadline()).unwrap();
+    s.load(&p).unwrap();
+    s.load(&q).unwrap();
+    let release = |id: &PoolId, rv: &str, name: &str, holder: &Allocation| PoolUpdate {
+        pool: id.clone(),
+        expected: Version(rv.into()),
+        changes: vec![Change::Remove { offset: holder.offset }, Change::Unreserve { name: name.into(), holder: holder.clone() }],
+    };
+    s.commit(&[release(&p, "10", "192.0.2.1", &mine), release(&q, "11", "198.51.100.1", &other_pool)], deadline()).unwrap();
+    assert_eq!(s.end_release(&["192.0.2.5".to_string()], deadline()).unwrap(), 1);
+    let reservation = |method: &str, name: &str| format!("{method} {API}/overlappingrangeipreservations/{name}");
+    assert_eq!(
+        log.lines(),
+        [
+            format!("GET {API}/overlappingrangeipreservations?labelSelector=thereabouts.cni.dev%2Fattachment%3D{}", crd::attachment_label("c1", "eth0")),
+            format!("GET {}", list_path(&p)),
+            format!("GET {}", list_path(&q)),
+            format!("PATCH {API}/ippools/192.0.2.0-24"),
+            format!("PATCH {API}/ippools/198.51.100.0-24"),
+            // Listed: deleted without a second read.
+            reservation("DELETE", "192.0.2.1"),
+            reservation("GET", "198.51.100.1"),
+            reservation("DELETE", "198.51.100.1"),
+            // The leftover; not 192.0.2.5, which the pod still uses.
+            reservation("DELETE", "192.0.2.9"),
+        ]
+    );
+    assert_eq!(log.body(3), json!([{"op": "test", "path": "/spec/allocations/1/id", "value": "c1"}, {"op": "remove", "path": "/spec/allocations/1"}]));
+    assert_eq!([log.body(5), log.body(7), log.body(8)], [uid_precondition("u1"), uid_precondition("w1"), uid_precondition("u9")]);
+}
+
+#[test]
+fn answers_are_classed_as_denied_unavailable_or_rejected() {
+    let status = |code| Answer::Status(code, "Failure", Value::Null);
+    // Each class with the answers that lead to it; a silent server within 200 ms.
+    let classes: [(Vec<Answer>, &str); 11] = [
+        (vec![status(401)], "denied"),
+        (vec![status(403)], "denied"),
+        (vec![status(500)], "unavailable"),
+        (vec![status(502)], "unavailable"),
+        // Throttled: retried a few times while time remains.
+        ((0..=THROTTLE_RETRIES).map(|_| status(429)).collect(), "unavailable"),
+        (vec![status(503), ok()], "ok"),
+        (vec![Answer::Unreachable], "unavailable"),
+        (vec![Answer::Silent], "unavailable"),
+        (vec![status(400)], "rejected"),
+        (vec![status(404)], "rejected"),
+        (vec![status(409)], "rejected"),
+    ];
+    for (answers, class) in classes {
+        let requests = answers.len();
+        let budget = Duration::from_millis(if matches!(answers[0], Answer::Silent) { 200 } else { 5000 });
+        let (s, log, script) = store("ns", answers);
+        s.lock_for_update(&[], Instant::now() + budget).unwrap();
+        let got = match s.check_usable() {
+            Ok(()) => "ok",
+            Err(DatastoreError::Denied { .. }) => "denied",
+            Err(DatastoreError::Unavailable { .. }) => "unavailable",
+            Err(DatastoreError::Rejected { .. }) => "rejected",
+            Err(other) => panic!("{other}"),
+        };
+        assert_eq!(got, class, "{:?}", log.lines());
+        assert_eq!(log.lines(), vec![format!("GET {API}/ippools?limit=1"); requests]);
+        assert!(script.is_done());
+    }
+}
