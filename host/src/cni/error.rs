@@ -80,7 +80,7 @@ mod tests {
 
     #[test]
     fn config_errors_keep_their_code() {
-        let e: CniError = ConfigError::new(1, "cniVersion", "incompatible").into();
+        let e: CniError = ConfigError::new(thereabouts_allocator::error::code::INCOMPATIBLE_VERSION, "cniVersion", "incompatible").into();
         assert_eq!((e.code, e.msg.as_str(), e.details.as_str()), (1, "incompatible", "field: cniVersion"));
     }
 }
