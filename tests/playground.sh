@@ -30,8 +30,11 @@ for _ in $(seq 1 50); do
   sleep 0.2
 done
 
+echo "=== Node unit tests of lib/*.js (on the transpiled engine)"
+node --test web-playground/tests/nad.test.mjs web-playground/tests/model.test.mjs
+
 echo "=== browser tests (http://127.0.0.1:$port/)"
 PLAYGROUND_URL="http://127.0.0.1:$port/" \
 THEREABOUTS_BIN="$root/target/debug/thereabouts" \
 CHROMIUM=/usr/bin/chromium \
-  node --test --test-concurrency=1 web-playground/tests/nad.test.mjs web-playground/tests/playground.test.mjs
+  node --test --test-concurrency=1 web-playground/tests/playground.test.mjs

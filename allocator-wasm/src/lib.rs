@@ -12,12 +12,16 @@ pub mod ip;
 pub mod model;
 pub mod naming;
 pub mod planner;
+pub mod pools;
 pub mod range;
 pub mod routes;
+pub mod warnings;
 mod wit_convert;
 
 pub use config::{flat_file_paths, normalize};
 pub use error::ConfigError;
 pub use model::*;
 pub use naming::{pool_name, reservation_name};
-pub use planner::{plan, plan_all, preview, preview_table, release};
+pub use planner::{plan, plan_all, preview, release};
+pub use pools::usage;
+pub use warnings::warnings;

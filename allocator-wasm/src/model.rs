@@ -80,9 +80,10 @@ pub struct Allocation {
     pub ifname: String,
 }
 
-/// A pool's state as the planner needs it (see `pool-snapshot` in the WIT).
-/// Offsets are split at 2^64 the way they cross the component boundary, so the
-/// common case (every offset below 2^64) is one bulk copy with no conversion.
+/// The entries of a pool as planning one range sees them (see `pool-state` in
+/// the WIT, which adds the pool's name). Offsets are split at 2^64 the way they
+/// cross the component boundary, so the common case (every offset below 2^64) is
+/// one bulk copy with no conversion.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PoolSnapshot {
     pub taken: Vec<u64>,
@@ -104,9 +105,14 @@ impl PoolSnapshot {
         pool
     }
 
+    /// Every entry's offset, narrow and wide.
+    pub fn entries(&self) -> impl Iterator<Item = u128> + '_ {
+        self.taken.iter().map(|&o| u128::from(o)).chain(self.taken_wide.iter().copied())
+    }
+
     /// Every offset that counts as taken: the pool's entries and the reservations.
     pub fn occupied(&self) -> impl Iterator<Item = u128> + '_ {
-        self.taken.iter().map(|&o| u128::from(o)).chain(self.taken_wide.iter().copied()).chain(self.reserved.iter().copied())
+        self.entries().chain(self.reserved.iter().copied())
     }
 
     pub fn occupied_count(&self) -> usize {
@@ -114,11 +120,30 @@ impl PoolSnapshot {
     }
 }
 
+/// One pool of a config by name (see `pool-state` in the WIT).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolState {
+    /// The `pool_name` of the ranges it serves.
+    pub name: String,
+    pub snapshot: PoolSnapshot,
+}
+
+/// Where `plan_all` learns what overlapping ranges hold (see `reservations` in the WIT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservations {
+    /// Each pool's `reserved` alone.
+    AsRead,
+    /// Also every other pool's entries inside a range's network.
+    FromPools,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     pub container_id: String,
     pub pod_ref: String,
     pub ifname: String,
+    /// The address to plan instead of the lowest free one: not in the WIT's
+    /// `request`, `plan_all` sets it from each range's `requested`.
     pub requested_ip: Option<String>,
     /// Conflicts this call already met (0: lowest free, whereabouts' rule). See
     /// `request.contention` in the WIT and [`crate::planner::spread_window`].
@@ -131,28 +156,79 @@ pub struct Assignment {
     pub address: String,
     pub offset: u128,
     pub gateway: Option<String>,
+    /// The address's `OverlappingRangeIPReservation` name, scoped by `network_name`.
+    pub reservation: String,
 }
 
+/// What planning decided for one range. `Reuse`'s `held_index` points into the
+/// `held` of the range's pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]
 pub enum PlanOutcome {
     Reuse { assignment: Assignment, held_index: u32 },
     Fresh { assignment: Assignment },
-    Exhausted { message: String },
-    Rejected { message: String },
 }
 
 impl PlanOutcome {
-    /// The address this outcome gives the pod, if any.
-    pub fn assignment(&self) -> Option<&Assignment> {
+    /// The address this outcome gives the pod.
+    pub fn assignment(&self) -> &Assignment {
         match self {
-            PlanOutcome::Reuse { assignment, .. } | PlanOutcome::Fresh { assignment } => Some(assignment),
-            PlanOutcome::Exhausted { .. } | PlanOutcome::Rejected { .. } => None,
+            PlanOutcome::Reuse { assignment, .. } | PlanOutcome::Fresh { assignment } => assignment,
         }
     }
 }
 
-/// `preview`'s answer in a compact shape (see `preview-table` in the WIT).
+/// Why a range cannot serve a request (see `plan-failure` in the WIT).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "failure", rename_all = "kebab-case")]
+pub enum PlanFailure {
+    Exhausted { message: String },
+    Rejected { message: String },
+}
+
+impl PlanFailure {
+    pub fn message(&self) -> &str {
+        match self {
+            PlanFailure::Exhausted { message } | PlanFailure::Rejected { message } => message,
+        }
+    }
+}
+
+/// CNI_CONTAINERID and CNI_IFNAME of the attachment a DEL, CHECK or GC is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// An entry `release` matched (see `released` in the WIT).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    pub index: u32,
+    pub reservation: Option<String>,
+}
+
+/// How full one range is (see `range-usage` in the WIT).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeUsage {
+    pub allocated: u64,
+    pub free: u128,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarningKind {
+    Overlap,
+    Gateway,
+}
+
+/// Something about a valid config that is likely a mistake (see `config-warning`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    pub kind: WarningKind,
+    pub text: String,
+}
+
+/// `preview`'s answer (see `pod-table` in the WIT).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PreviewTable {
     pub served: u32,

@@ -29,11 +29,16 @@ pub fn pool_name_for_network(canonical_cidr: &str, network_name: &str) -> String
 pub fn reservation_name(address: &str, network_name: &str) -> Result<String> {
     let parsed = ip::parse_ip_sloppy(address)
         .ok_or_else(|| ConfigError::invalid("ip", format!("invalid IP address {address:?}")))?;
-    let mut text = format_ip(parsed);
-    if text.ends_with(':') {
+    Ok(reservation_name_of(&format_ip(parsed), network_name))
+}
+
+/// Same as [`reservation_name`] for an address already in canonical text.
+pub fn reservation_name_of(canonical_ip: &str, network_name: &str) -> String {
+    let mut text = canonical_ip.replace(':', "-");
+    if text.ends_with('-') {
         text.push('0');
     }
-    Ok(with_network_prefix(text.replace(':', "-"), network_name))
+    with_network_prefix(text, network_name)
 }
 
 fn with_network_prefix(name: String, network_name: &str) -> String {

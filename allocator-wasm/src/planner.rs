@@ -15,7 +15,12 @@
 use std::net::IpAddr;
 
 use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, parse_ip_strict, to_u128};
-use crate::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, PreviewFailure, PreviewTable, Request};
+use crate::model::{
+    Allocation, Assignment, Attachment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, PreviewFailure, PreviewTable,
+    Released, Request, Reservations,
+};
+use crate::naming::reservation_name_of;
+use crate::pools;
 
 /// The allowed (non-excluded) segments of a range, with their rank starts.
 struct Candidates {
@@ -104,10 +109,11 @@ struct FreeRanks {
 }
 
 impl FreeRanks {
-    /// `want` is how many successive free addresses the caller may ask for.
-    fn new(range: &NormalizedRange, pool: &PoolSnapshot, want: usize) -> Self {
+    /// `want` is how many successive free addresses the caller may ask for;
+    /// `also_reserved` are offsets taken besides the pool's own.
+    fn new(range: &NormalizedRange, pool: &PoolSnapshot, also_reserved: &[u128], want: usize) -> Self {
         let candidates = Candidates::of(range);
-        let window = (pool.occupied_count() as u128 + want as u128).min(candidates.total) as usize;
+        let window = ((pool.occupied_count() + also_reserved.len()) as u128 + want as u128).min(candidates.total) as usize;
         let mut bitmap = RankBitmap::new(window);
         // The hot path (100 000-entry pools): when the window's ranks all lie in
         // the first allowed segment (always without excludes; also with the
@@ -127,13 +133,13 @@ impl FreeRanks {
                     bitmap.set(rank as usize);
                 }
             }
-            for &offset in &pool.reserved {
+            for &offset in pool.reserved.iter().chain(also_reserved) {
                 if let Some(rank) = candidates.rank(offset) {
                     bitmap.mark(rank);
                 }
             }
         } else {
-            for offset in pool.occupied() {
+            for offset in pool.occupied().chain(also_reserved.iter().copied()) {
                 if let Some(rank) = candidates.rank(offset) {
                     bitmap.mark(rank);
                 }
@@ -149,9 +155,16 @@ impl FreeRanks {
     }
 }
 
-fn assignment(range: &NormalizedRange, offset: u128) -> Assignment {
+/// The address at `offset` of the range's network: (`ip`, `ip/prefix`).
+fn address_texts(range: &NormalizedRange, offset: u128) -> (String, String) {
     let ip = format_ip(from_u128(range.family, range.network + offset));
-    Assignment { address: format!("{ip}/{}", range.prefix_len), ip, offset, gateway: range.gateway.clone() }
+    let address = format!("{ip}/{}", range.prefix_len);
+    (ip, address)
+}
+
+fn assignment(range: &NormalizedRange, offset: u128, network_name: &str) -> Assignment {
+    let (ip, address) = address_texts(range, offset);
+    Assignment { reservation: reservation_name_of(&ip, network_name), address, ip, offset, gateway: range.gateway.clone() }
 }
 
 /// whereabouts' exhaustion message (allocate.go AssignmentError), kept verbatim
@@ -208,19 +221,25 @@ fn spread_index(req: &Request, window: usize) -> usize {
     (h % window as u64) as usize
 }
 
-/// Plan one range. See `plan` in the WIT.
-pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> PlanOutcome {
+/// Plans one range on its own: what `plan-all` does for each range of a config.
+/// Reservation names are not scoped by a network name (a range alone has none);
+/// [`plan_all`] scopes them.
+pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> Result<PlanOutcome, PlanFailure> {
+    plan_range(range, pool, &[], req, "")
+}
+
+fn plan_range(range: &NormalizedRange, pool: &PoolSnapshot, also_reserved: &[u128], req: &Request, network_name: &str) -> Result<PlanOutcome, PlanFailure> {
     // An address the attachment already holds is kept even when it is excluded or
     // the gateway (written before that was configured, or by whereabouts): moving
     // a running pod is worse, and nothing new is handed out.
     if let Some((index, entry)) = pool.held.iter().enumerate().find(|(_, e)| is_same_attachment(e, req)) {
-        return PlanOutcome::Reuse { assignment: assignment(range, entry.offset), held_index: index as u32 };
+        return Ok(PlanOutcome::Reuse { assignment: assignment(range, entry.offset, network_name), held_index: index as u32 });
     }
     if let Some(text) = &req.requested_ip {
-        return plan_requested(range, pool.occupied(), text);
+        return plan_requested(range, pool.occupied().chain(also_reserved.iter().copied()), text, network_name);
     }
     let window = spread_window(req.contention);
-    let mut free = FreeRanks::new(range, pool, window);
+    let mut free = FreeRanks::new(range, pool, also_reserved, window);
     let chosen = if window == 1 {
         free.next_offset()
     } else {
@@ -229,13 +248,13 @@ pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> Plan
         (!candidates.is_empty()).then(|| candidates[spread_index(req, candidates.len())])
     };
     match chosen {
-        Some(offset) => PlanOutcome::Fresh { assignment: assignment(range, offset) },
-        None => PlanOutcome::Exhausted { message: exhausted_message(range) },
+        Some(offset) => Ok(PlanOutcome::Fresh { assignment: assignment(range, offset, network_name) }),
+        None => Err(PlanFailure::Exhausted { message: exhausted_message(range) }),
     }
 }
 
-fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>, text: &str) -> PlanOutcome {
-    let reject = |why: String| PlanOutcome::Rejected { message: format!("requested address {text}: {why}") };
+fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>, text: &str, network_name: &str) -> Result<PlanOutcome, PlanFailure> {
+    let reject = |why: String| Err(PlanFailure::Rejected { message: format!("requested address {text}: {why}") });
     let bare = text.split_once('/').map_or(text, |(ip, _)| ip);
     let Some(ip) = parse_ip_sloppy(bare) else { return reject("not an IP address".into()) };
     let value = to_u128(ip);
@@ -258,44 +277,32 @@ fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>
     if taken.any(|t| t == offset) {
         return reject(format!("already allocated in {}", range.cidr));
     }
-    PlanOutcome::Fresh { assignment: assignment(range, offset) }
+    Ok(PlanOutcome::Fresh { assignment: assignment(range, offset, network_name) })
 }
 
-/// The absolute addresses chosen so far in a multi-range plan; later ranges treat
-/// those inside their network as reserved, so one config never hands the same
-/// address out twice (same pool listed twice, or overlapping ranges).
-fn reserve_earlier_choices(range: &NormalizedRange, earlier: &[(Family, u128)], pool: &PoolSnapshot) -> PoolSnapshot {
+/// The offsets of `range`'s network among the absolute addresses chosen so far
+/// in a multi-range plan: later ranges treat them as reserved, so one config
+/// never hands the same address out twice (same pool listed twice, or
+/// overlapping ranges).
+fn earlier_choices_in(range: &NormalizedRange, earlier: &[(Family, u128)]) -> impl Iterator<Item = u128> {
     let network_end = range.network | crate::ip::host_mask(range.family, range.prefix_len);
-    let mut pool = pool.clone();
-    pool.reserved.extend(
-        earlier
-            .iter()
-            .filter(|(f, v)| *f == range.family && *v >= range.network && *v <= network_end)
-            .map(|(_, v)| v - range.network),
-    );
-    pool
+    let (family, network) = (range.family, range.network);
+    earlier.iter().filter(move |(f, v)| *f == family && *v >= network && *v <= network_end).map(move |(_, v)| v - network)
 }
 
 /// Plan every range of a config. See `plan-all` in the WIT.
-pub fn plan_all(config: &NormalizedConfig, pools: &[PoolSnapshot], req: &Request) -> Result<Vec<PlanOutcome>, PlanOutcome> {
-    if pools.len() != config.ranges.len() {
-        return Err(PlanOutcome::Rejected {
-            message: format!("expected one pool snapshot per range ({}), got {}", config.ranges.len(), pools.len()),
-        });
-    }
-    let mut outcomes = Vec::with_capacity(pools.len());
-    let mut chosen: Vec<(Family, u128)> = Vec::with_capacity(pools.len());
-    for (range, pool) in config.ranges.iter().zip(pools) {
+pub fn plan_all(config: &NormalizedConfig, pools: &[PoolState], reservations: Reservations, req: &Request) -> Result<Vec<PlanOutcome>, PlanFailure> {
+    let mut outcomes = Vec::with_capacity(config.ranges.len());
+    let mut chosen: Vec<(Family, u128)> = Vec::with_capacity(config.ranges.len());
+    for range in &config.ranges {
         let request = Request { requested_ip: range.requested.clone(), ..req.clone() };
-        let outcome = if chosen.is_empty() {
-            plan(range, pool, &request)
-        } else {
-            plan(range, &reserve_earlier_choices(range, &chosen, pool), &request)
+        let mut also_reserved = match reservations {
+            Reservations::FromPools if config.enable_overlapping_ranges => pools::held_by_other_pools(config, pools, range),
+            _ => Vec::new(),
         };
-        match outcome.assignment() {
-            Some(a) => chosen.push((range.family, range.network + a.offset)),
-            None => return Err(outcome),
-        }
+        also_reserved.extend(earlier_choices_in(range, &chosen));
+        let outcome = plan_range(range, pools::snapshot_of(pools, &range.pool_name), &also_reserved, &request, &config.network_name)?;
+        chosen.push((range.family, range.network + outcome.assignment().offset));
         outcomes.push(outcome);
     }
     Ok(outcomes)
@@ -308,20 +315,19 @@ pub fn plan_all(config: &NormalizedConfig, pools: &[PoolSnapshot], req: &Request
 /// overlap never hand out one address twice, in the same order ADDs would.
 /// Without releases a range that runs out stays out, so the first pod whose ADD
 /// fails is followed only by failing pods.
-pub fn preview(config: &NormalizedConfig, pools: &[PoolSnapshot], pods: u32) -> Vec<Vec<PlanOutcome>> {
-    let empty = PoolSnapshot::default();
+pub fn preview(config: &NormalizedConfig, pools: &[PoolState], pods: u32) -> PreviewTable {
     let pods = pods as usize;
     let ranges = &config.ranges;
     // Each range walks its own free addresses lowest first; an address another
     // range handed out in the meantime is skipped, as its reservation would be.
     let want = pods.saturating_mul(ranges.len().max(1));
-    let mut free: Vec<FreeRanks> = ranges.iter().enumerate().map(|(i, r)| FreeRanks::new(r, pools.get(i).unwrap_or(&empty), want)).collect();
+    let mut free: Vec<FreeRanks> = ranges.iter().map(|r| FreeRanks::new(r, pools::snapshot_of(pools, &r.pool_name), &[], want)).collect();
     let overlapping = ranges_overlap(ranges);
     let mut handed_out: std::collections::HashSet<(Family, u128)> = std::collections::HashSet::new();
-    let mut out: Vec<Vec<PlanOutcome>> = Vec::with_capacity(pods);
-    while out.len() < pods {
-        let mut offsets = Vec::with_capacity(ranges.len());
-        let mut failed_at = None;
+    let mut table = PreviewTable::default();
+    let mut offsets = Vec::with_capacity(ranges.len());
+    while (table.served as usize) < pods {
+        offsets.clear();
         for (i, range) in ranges.iter().enumerate() {
             let next = loop {
                 match free[i].next_offset() {
@@ -329,67 +335,28 @@ pub fn preview(config: &NormalizedConfig, pools: &[PoolSnapshot], pods: u32) -> 
                     other => break other,
                 }
             };
-            match next {
-                Some(offset) => {
-                    if overlapping {
-                        handed_out.insert((range.family, range.network + offset));
-                    }
-                    offsets.push(offset);
-                }
-                None => {
-                    failed_at = Some(i);
-                    break;
-                }
+            let Some(offset) = next else {
+                table.failure = Some(PreviewFailure {
+                    range_index: i as u32,
+                    exhausted: exhausted_message(range),
+                    rejected: format!("not allocated: the ADD fails because range {} has no free address", range.cidr),
+                });
+                return table;
+            };
+            if overlapping {
+                handed_out.insert((range.family, range.network + offset));
             }
-        }
-        if let Some(k) = failed_at {
-            let failed = ranges
-                .iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    if i == k {
-                        PlanOutcome::Exhausted { message: exhausted_message(r) }
-                    } else {
-                        PlanOutcome::Rejected { message: format!("not allocated: the ADD fails because range {} has no free address", ranges[k].cidr) }
-                    }
-                })
-                .collect::<Vec<_>>();
-            out.resize(pods, failed);
-            break;
-        }
-        out.push(ranges.iter().zip(offsets).map(|(r, o)| PlanOutcome::Fresh { assignment: assignment(r, o) }).collect());
-    }
-    out
-}
-
-/// [`preview`] as a [`PreviewTable`].
-pub fn preview_table(config: &NormalizedConfig, pools: &[PoolSnapshot], pods: u32) -> PreviewTable {
-    let mut table = PreviewTable::default();
-    for pod in preview(config, pools, pods) {
-        if pod.iter().any(|o| o.assignment().is_none()) {
-            // A failing pod: `exhausted` for the range that ran out, `rejected` elsewhere.
-            let (mut range_index, mut exhausted, mut rejected) = (0, String::new(), String::new());
-            for (i, outcome) in pod.iter().enumerate() {
-                match outcome {
-                    PlanOutcome::Exhausted { message } => (range_index, exhausted) = (i as u32, message.clone()),
-                    PlanOutcome::Rejected { message } => rejected = message.clone(),
-                    PlanOutcome::Fresh { .. } | PlanOutcome::Reuse { .. } => {}
-                }
-            }
-            table.failure = Some(PreviewFailure { range_index, exhausted, rejected });
-            break;
+            offsets.push(offset);
         }
         if table.served > 0 {
             table.addresses.push('\n');
         }
-        for (i, outcome) in pod.iter().enumerate() {
-            if let Some(a) = outcome.assignment() {
-                if i > 0 {
-                    table.addresses.push(' ');
-                }
-                table.addresses.push_str(&a.address);
-                table.offsets.push(a.offset);
+        for (i, (range, &offset)) in ranges.iter().zip(&offsets).enumerate() {
+            if i > 0 {
+                table.addresses.push(' ');
             }
+            table.addresses.push_str(&address_texts(range, offset).1);
+            table.offsets.push(offset);
         }
         table.served += 1;
     }
@@ -403,13 +370,25 @@ fn ranges_overlap(ranges: &[NormalizedRange]) -> bool {
     ranges.iter().enumerate().any(|(i, a)| ranges[i + 1..].iter().any(|b| a.family == b.family && a.network <= end(b) && b.network <= end(a)))
 }
 
-/// Indices of the entries a DEL of (container ID, ifname) removes.
-pub fn release(allocations: &[Allocation], container_id: &str, ifname: &str) -> Vec<u32> {
+/// The entries of pool `pool_name` a DEL of `attachments` removes: those whose
+/// container ID and ifname both match one of them, with their reservation names.
+pub fn release(config: &NormalizedConfig, pool_name: &str, allocations: &[Allocation], attachments: &[Attachment]) -> Vec<Released> {
+    let range = config.ranges.iter().find(|r| r.pool_name == pool_name);
+    // DEL and CHECK ask about one attachment, GC about every stale one: a set then.
+    let many: std::collections::HashSet<(&str, &str)> =
+        if attachments.len() > 1 { attachments.iter().map(|who| (who.container_id.as_str(), who.ifname.as_str())).collect() } else { Default::default() };
+    let wanted = |a: &Allocation| match attachments {
+        [who] => a.container_id == who.container_id && a.ifname == who.ifname,
+        _ => many.contains(&(a.container_id.as_str(), a.ifname.as_str())),
+    };
     allocations
         .iter()
         .enumerate()
-        .filter(|(_, a)| a.container_id == container_id && a.ifname == ifname)
-        .map(|(i, _)| i as u32)
+        .filter(|(_, a)| wanted(a))
+        .map(|(i, a)| Released {
+            index: i as u32,
+            reservation: range.and_then(|r| address_at(r, a.offset)).map(|ip| reservation_name_of(&format_ip(ip), &config.network_name)),
+        })
         .collect()
 }
 

@@ -16,7 +16,11 @@ macro_rules! wit_conversions {
         mod wit_convert {
             use super::*;
             use $wit as wit;
-            use $crate::{error::ConfigError, ip::Family, model};
+            use $crate::{
+                error::{ConfigError, ErrorCode},
+                ip::Family,
+                model,
+            };
 
             pub fn to_offset(value: u128) -> wit::Offset {
                 wit::Offset { high: (value >> 64) as u64, low: value as u64 }
@@ -26,23 +30,47 @@ macro_rules! wit_conversions {
                 (u128::from(offset.high) << 64) | u128::from(offset.low)
             }
 
-            pub fn family(number: u8) -> Family {
-                if number == 6 { Family::V6 } else { Family::V4 }
+            pub fn family_to_wit(family: Family) -> wit::IpFamily {
+                match family {
+                    Family::V4 => wit::IpFamily::Ipv4,
+                    Family::V6 => wit::IpFamily::Ipv6,
+                }
+            }
+
+            pub fn family_from_wit(family: wit::IpFamily) -> Family {
+                match family {
+                    wit::IpFamily::Ipv4 => Family::V4,
+                    wit::IpFamily::Ipv6 => Family::V6,
+                }
             }
 
             pub fn error_to_wit(e: ConfigError) -> wit::ConfigError {
-                wit::ConfigError { code: e.code, field: e.field, message: e.message }
+                // `ConfigError::new` and `::invalid` take an `ErrorCode`, so the number
+                // is always one of the four; 7 is the general "invalid network config".
+                let code = match ErrorCode::from_number(e.code).unwrap_or(ErrorCode::InvalidConfig) {
+                    ErrorCode::IncompatibleVersion => wit::ErrorCode::IncompatibleCniVersion,
+                    ErrorCode::InvalidEnv => wit::ErrorCode::InvalidEnvironmentVariables,
+                    ErrorCode::Decode => wit::ErrorCode::UndecodableContent,
+                    ErrorCode::InvalidConfig => wit::ErrorCode::InvalidNetworkConfig,
+                };
+                wit::ConfigError { code, field: e.field, message: e.message }
             }
 
             pub fn error_from_wit(e: wit::ConfigError) -> ConfigError {
-                ConfigError { code: e.code, field: e.field, message: e.message }
+                let code = match e.code {
+                    wit::ErrorCode::IncompatibleCniVersion => ErrorCode::IncompatibleVersion,
+                    wit::ErrorCode::InvalidEnvironmentVariables => ErrorCode::InvalidEnv,
+                    wit::ErrorCode::UndecodableContent => ErrorCode::Decode,
+                    wit::ErrorCode::InvalidNetworkConfig => ErrorCode::InvalidConfig,
+                };
+                ConfigError::new(code, e.field, e.message)
             }
 
             pub fn range_to_wit(r: &model::NormalizedRange) -> wit::NormalizedRange {
                 wit::NormalizedRange {
                     cidr: r.cidr.clone(),
                     prefix_len: r.prefix_len,
-                    family: r.family.number(),
+                    family: family_to_wit(r.family),
                     first: r.first.clone(),
                     last: r.last.clone(),
                     first_offset: to_offset(r.first_offset),
@@ -64,7 +92,7 @@ macro_rules! wit_conversions {
                 let usable = r.usable.parse().map_err(|_| ConfigError::invalid("range.usable", format!("not a count: {:?}", r.usable)))?;
                 Ok(model::NormalizedRange {
                     usable,
-                    family: family(r.family),
+                    family: family_from_wit(r.family),
                     cidr: r.cidr,
                     prefix_len: r.prefix_len,
                     network,
@@ -92,7 +120,7 @@ macro_rules! wit_conversions {
                     addresses: c
                         .addresses
                         .iter()
-                        .map(|a| wit::StaticAddress { address: a.address.clone(), gateway: a.gateway.clone(), family: a.family.number() })
+                        .map(|a| wit::StaticAddress { address: a.address.clone(), gateway: a.gateway.clone(), family: family_to_wit(a.family) })
                         .collect(),
                     routes_json: c.routes_json.clone(),
                     dns_json: c.dns_json.clone(),
@@ -122,7 +150,7 @@ macro_rules! wit_conversions {
                     addresses: c
                         .addresses
                         .into_iter()
-                        .map(|a| model::StaticAddress { address: a.address, gateway: a.gateway, family: family(a.family) })
+                        .map(|a| model::StaticAddress { address: a.address, gateway: a.gateway, family: family_from_wit(a.family) })
                         .collect(),
                     name: c.name,
                     cni_version: c.cni_version,
@@ -157,44 +185,58 @@ macro_rules! wit_conversions {
                 model::Allocation { offset: from_offset(a.offset), container_id: a.container_id, pod_ref: a.pod_ref, ifname: a.ifname }
             }
 
-            pub fn pool_to_wit(p: &model::PoolSnapshot) -> wit::PoolSnapshot {
-                wit::PoolSnapshot {
-                    taken: p.taken.clone(),
-                    taken_wide: p.taken_wide.iter().map(|&o| to_offset(o)).collect(),
-                    reserved: p.reserved.iter().map(|&o| to_offset(o)).collect(),
-                    held: p.held.iter().map(allocation_to_wit).collect(),
+            pub fn pool_to_wit(p: &model::PoolState) -> wit::PoolState {
+                let s = &p.snapshot;
+                wit::PoolState {
+                    name: p.name.clone(),
+                    taken: s.taken.clone(),
+                    taken_wide: s.taken_wide.iter().map(|&o| to_offset(o)).collect(),
+                    reserved: s.reserved.iter().map(|&o| to_offset(o)).collect(),
+                    held: s.held.iter().map(allocation_to_wit).collect(),
                 }
             }
 
-            pub fn pool_from_wit(p: wit::PoolSnapshot) -> model::PoolSnapshot {
-                model::PoolSnapshot {
-                    taken: p.taken,
-                    taken_wide: p.taken_wide.into_iter().map(from_offset).collect(),
-                    reserved: p.reserved.into_iter().map(from_offset).collect(),
-                    held: p.held.into_iter().map(allocation_from_wit).collect(),
+            pub fn pool_from_wit(p: wit::PoolState) -> model::PoolState {
+                model::PoolState {
+                    name: p.name,
+                    snapshot: model::PoolSnapshot {
+                        taken: p.taken,
+                        taken_wide: p.taken_wide.into_iter().map(from_offset).collect(),
+                        reserved: p.reserved.into_iter().map(from_offset).collect(),
+                        held: p.held.into_iter().map(allocation_from_wit).collect(),
+                    },
+                }
+            }
+
+            pub fn reservations_to_wit(r: model::Reservations) -> wit::Reservations {
+                match r {
+                    model::Reservations::AsRead => wit::Reservations::AsRead,
+                    model::Reservations::FromPools => wit::Reservations::FromPools,
+                }
+            }
+
+            pub fn reservations_from_wit(r: wit::Reservations) -> model::Reservations {
+                match r {
+                    wit::Reservations::AsRead => model::Reservations::AsRead,
+                    wit::Reservations::FromPools => model::Reservations::FromPools,
                 }
             }
 
             pub fn request_to_wit(r: &model::Request) -> wit::Request {
-                wit::Request {
-                    container_id: r.container_id.clone(),
-                    pod_ref: r.pod_ref.clone(),
-                    ifname: r.ifname.clone(),
-                    requested_ip: r.requested_ip.clone(),
-                    contention: r.contention,
-                }
+                wit::Request { container_id: r.container_id.clone(), pod_ref: r.pod_ref.clone(), ifname: r.ifname.clone(), contention: r.contention }
             }
 
             pub fn request_from_wit(r: wit::Request) -> model::Request {
-                model::Request { container_id: r.container_id, pod_ref: r.pod_ref, ifname: r.ifname, requested_ip: r.requested_ip, contention: r.contention }
+                // `requested_ip` is the planner's own: `plan_all` sets it from each range's `requested`.
+                model::Request { container_id: r.container_id, pod_ref: r.pod_ref, ifname: r.ifname, requested_ip: None, contention: r.contention }
             }
 
             pub fn assignment_to_wit(a: model::Assignment) -> wit::Assignment {
-                wit::Assignment { ip: a.ip, address: a.address, offset: to_offset(a.offset), gateway: a.gateway }
+                wit::Assignment { ip: a.ip, address: a.address, offset: to_offset(a.offset), gateway: a.gateway, reservation: a.reservation }
             }
 
             pub fn assignment_from_wit(a: wit::Assignment) -> model::Assignment {
-                model::Assignment { ip: a.ip, address: a.address, offset: from_offset(a.offset), gateway: a.gateway }
+                model::Assignment { ip: a.ip, address: a.address, offset: from_offset(a.offset), gateway: a.gateway, reservation: a.reservation }
             }
 
             pub fn outcome_to_wit(o: model::PlanOutcome) -> wit::PlanOutcome {
@@ -203,8 +245,6 @@ macro_rules! wit_conversions {
                         wit::PlanOutcome::Reuse(wit::Reused { assignment: assignment_to_wit(assignment), held_index })
                     }
                     model::PlanOutcome::Fresh { assignment } => wit::PlanOutcome::Fresh(assignment_to_wit(assignment)),
-                    model::PlanOutcome::Exhausted { message } => wit::PlanOutcome::Exhausted(message),
-                    model::PlanOutcome::Rejected { message } => wit::PlanOutcome::Rejected(message),
                 }
             }
 
@@ -212,8 +252,82 @@ macro_rules! wit_conversions {
                 match o {
                     wit::PlanOutcome::Reuse(r) => model::PlanOutcome::Reuse { assignment: assignment_from_wit(r.assignment), held_index: r.held_index },
                     wit::PlanOutcome::Fresh(a) => model::PlanOutcome::Fresh { assignment: assignment_from_wit(a) },
-                    wit::PlanOutcome::Exhausted(message) => model::PlanOutcome::Exhausted { message },
-                    wit::PlanOutcome::Rejected(message) => model::PlanOutcome::Rejected { message },
+                }
+            }
+
+            pub fn failure_to_wit(f: model::PlanFailure) -> wit::PlanFailure {
+                match f {
+                    model::PlanFailure::Exhausted { message } => wit::PlanFailure::Exhausted(message),
+                    model::PlanFailure::Rejected { message } => wit::PlanFailure::Rejected(message),
+                }
+            }
+
+            pub fn failure_from_wit(f: wit::PlanFailure) -> model::PlanFailure {
+                match f {
+                    wit::PlanFailure::Exhausted(message) => model::PlanFailure::Exhausted { message },
+                    wit::PlanFailure::Rejected(message) => model::PlanFailure::Rejected { message },
+                }
+            }
+
+            pub fn attachment_to_wit(a: &model::Attachment) -> wit::Attachment {
+                wit::Attachment { container_id: a.container_id.clone(), ifname: a.ifname.clone() }
+            }
+
+            pub fn attachment_from_wit(a: wit::Attachment) -> model::Attachment {
+                model::Attachment { container_id: a.container_id, ifname: a.ifname }
+            }
+
+            pub fn released_to_wit(r: model::Released) -> wit::Released {
+                wit::Released { index: r.index, reservation: r.reservation }
+            }
+
+            pub fn released_from_wit(r: wit::Released) -> model::Released {
+                model::Released { index: r.index, reservation: r.reservation }
+            }
+
+            /// `free` is a count of addresses (IPv6: beyond 64 bits), carried as decimal text.
+            pub fn usage_to_wit(u: model::RangeUsage) -> wit::RangeUsage {
+                wit::RangeUsage { allocated: u.allocated, free: u.free.to_string() }
+            }
+
+            pub fn usage_from_wit(u: wit::RangeUsage) -> Result<model::RangeUsage, ConfigError> {
+                let free = u.free.parse().map_err(|_| ConfigError::invalid("range-usage.free", format!("not a count: {:?}", u.free)))?;
+                Ok(model::RangeUsage { allocated: u.allocated, free })
+            }
+
+            pub fn warning_to_wit(w: model::ConfigWarning) -> wit::ConfigWarning {
+                let kind = match w.kind {
+                    model::WarningKind::Overlap => wit::WarningKind::Overlap,
+                    model::WarningKind::Gateway => wit::WarningKind::Gateway,
+                };
+                wit::ConfigWarning { kind, text: w.text }
+            }
+
+            pub fn warning_from_wit(w: wit::ConfigWarning) -> model::ConfigWarning {
+                let kind = match w.kind {
+                    wit::WarningKind::Overlap => model::WarningKind::Overlap,
+                    wit::WarningKind::Gateway => model::WarningKind::Gateway,
+                };
+                model::ConfigWarning { kind, text: w.text }
+            }
+
+            /// Offsets cross as two columns of 64-bit halves.
+            pub fn table_to_wit(t: model::PreviewTable) -> wit::PodTable {
+                wit::PodTable {
+                    served: t.served,
+                    addresses: t.addresses,
+                    offsets_high: t.offsets.iter().map(|&o| (o >> 64) as u64).collect(),
+                    offsets_low: t.offsets.iter().map(|&o| o as u64).collect(),
+                    failure: t.failure.map(|f| wit::PreviewFailure { range_index: f.range_index, exhausted: f.exhausted, rejected: f.rejected }),
+                }
+            }
+
+            pub fn table_from_wit(t: wit::PodTable) -> model::PreviewTable {
+                model::PreviewTable {
+                    served: t.served,
+                    addresses: t.addresses,
+                    offsets: t.offsets_high.iter().zip(&t.offsets_low).map(|(&h, &l)| (u128::from(h) << 64) | u128::from(l)).collect(),
+                    failure: t.failure.map(|f| model::PreviewFailure { range_index: f.range_index, exhausted: f.exhausted, rejected: f.rejected }),
                 }
             }
         }

@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 use serde_json::json;
-use thereabouts_allocator::{Allocation, NormalizedConfig, PlanOutcome, PoolSnapshot, Request, normalize, plan, plan_all};
+use thereabouts_allocator::{
+    Allocation, Attachment, NormalizedConfig, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, Request, Reservations, normalize, plan, plan_all,
+};
 
 /// A random small range config: family, prefix, optional start/end, excludes.
 fn range_config() -> impl Strategy<Value = serde_json::Value> {
@@ -106,13 +108,13 @@ proptest! {
         let expected = (r.first_offset..=r.last_offset).find(|o| !excluded(*o) && !taken_set.contains(o));
         let pool = PoolSnapshot::with_taken(taken.iter().copied());
         match (plan(r, &pool, &req(0)), expected) {
-            (PlanOutcome::Fresh { assignment }, Some(want)) => {
+            (Ok(PlanOutcome::Fresh { assignment }), Some(want)) => {
                 prop_assert_eq!(assignment.offset, want);
                 prop_assert!(assignment.offset >= r.first_offset && assignment.offset <= r.last_offset);
                 prop_assert!(!excluded(assignment.offset));
                 prop_assert!(!taken_set.contains(&assignment.offset));
             }
-            (PlanOutcome::Exhausted { .. }, None) => {}
+            (Err(PlanFailure::Exhausted { .. }), None) => {}
             (got, want) => prop_assert!(false, "got {:?}, brute force says {:?}", got, want),
         }
     }
@@ -136,7 +138,7 @@ proptest! {
         let pool = PoolSnapshot { reserved: reserved.clone(), ..PoolSnapshot::with_taken(taken.iter().copied()) };
         let request = Request { contention, ..req(pod) };
         match plan(r, &pool, &request) {
-            PlanOutcome::Fresh { assignment } => {
+            Ok(PlanOutcome::Fresh { assignment }) => {
                 let o = assignment.offset;
                 prop_assert!(o >= r.first_offset && o <= r.last_offset, "{} outside [{}, {}]", o, r.first_offset, r.last_offset);
                 prop_assert!(!excluded(o), "{} is excluded", o);
@@ -147,9 +149,9 @@ proptest! {
                     prop_assert_eq!(o, free[0], "contention 0 is the lowest free address");
                 }
                 // Deterministic: the same request on the same pool, the same answer.
-                prop_assert_eq!(plan(r, &pool, &request), PlanOutcome::Fresh { assignment });
+                prop_assert_eq!(plan(r, &pool, &request), Ok(PlanOutcome::Fresh { assignment }));
             }
-            PlanOutcome::Exhausted { .. } => prop_assert!(free.is_empty(), "exhausted with {} free", free.len()),
+            Err(PlanFailure::Exhausted { .. }) => prop_assert!(free.is_empty(), "exhausted with {} free", free.len()),
             other => prop_assert!(false, "unexpected {:?}", other),
         }
     }
@@ -164,11 +166,11 @@ proptest! {
             let held: Vec<Allocation> = entries.iter().filter(|e| e.pod_ref == request.pod_ref).cloned().collect();
             let pool = PoolSnapshot { held, ..PoolSnapshot::with_taken(entries.iter().map(|e| e.offset)) };
             match plan(r, &pool, &request) {
-                PlanOutcome::Fresh { assignment } => {
+                Ok(PlanOutcome::Fresh { assignment }) => {
                     entries.push(Allocation { offset: assignment.offset, container_id: request.container_id, pod_ref: request.pod_ref, ifname: request.ifname });
                     Some(assignment.offset)
                 }
-                PlanOutcome::Reuse { assignment, .. } => Some(assignment.offset),
+                Ok(PlanOutcome::Reuse { assignment, .. }) => Some(assignment.offset),
                 _ => None,
             }
         };
@@ -178,7 +180,8 @@ proptest! {
             prop_assert_eq!(first, again, "second ADD for the same pod ref + ifname must return the same address");
         }
         for &victim in &churn {
-            let gone = thereabouts_allocator::release(&entries, &format!("c{victim}"), "eth0");
+            let who = Attachment { container_id: format!("c{victim}"), ifname: "eth0".into() };
+            let gone: Vec<u32> = thereabouts_allocator::release(&config, &r.pool_name, &entries, &[who]).into_iter().map(|g| g.index).collect();
             for i in gone.into_iter().rev() { entries.remove(i as usize); }
             add(&mut entries, victim + 1000);
         }
@@ -195,9 +198,8 @@ proptest! {
     fn multi_range_plans_are_disjoint(a in range_config(), b in range_config()) {
         let text = json!({"cniVersion": "1.0.0", "name": "p", "ipam": {"type": "thereabouts", "ipRanges": [a.clone(), a, b]}}).to_string();
         let Ok(config) = normalize(&text, None, "") else { return Ok(()) };
-        let pools = vec![PoolSnapshot::default(); config.ranges.len()];
-        if let Ok(out) = plan_all(&config, &pools, &req(1)) {
-            let ips: BTreeSet<String> = out.iter().map(|o| o.assignment().unwrap().ip.clone()).collect();
+        if let Ok(out) = plan_all(&config, &[], Reservations::AsRead, &req(1)) {
+            let ips: BTreeSet<String> = out.iter().map(|o| o.assignment().ip.clone()).collect();
             prop_assert_eq!(ips.len(), out.len());
         }
     }
@@ -251,31 +253,22 @@ fn mutated_config() -> impl Strategy<Value = String> {
 
 /// Successive ADDs as the host performs them: plan_all over the current pools,
 /// then commit; overlapping ranges see each other's addresses as reservations
-/// (what `enable_overlapping_ranges` does through reservation objects).
+/// (what `enable_overlapping_ranges` does through reservation objects: here the
+/// pools are the whole truth, so the engine derives them).
 fn successive_adds(config: &NormalizedConfig, pods: usize) -> Vec<Option<Vec<String>>> {
-    use std::collections::HashMap;
-    let mut pools: HashMap<String, Vec<u128>> = HashMap::new();
-    let mut handed_out: Vec<(u8, u128)> = Vec::new();
+    let mut pools: Vec<PoolState> = Vec::new();
     let mut out = Vec::new();
     for i in 0..pods {
-        let snapshots: Vec<PoolSnapshot> = config
-            .ranges
-            .iter()
-            .map(|r| {
-                let end = r.network | thereabouts_allocator::ip::host_mask(r.family, r.prefix_len);
-                let mut pool = PoolSnapshot::with_taken(pools.get(&r.pool_name).cloned().unwrap_or_default());
-                pool.reserved = handed_out.iter().filter(|(f, a)| *f == r.family.number() && *a >= r.network && *a <= end).map(|(_, a)| a - r.network).collect();
-                pool
-            })
-            .collect();
-        match plan_all(config, &snapshots, &req(i)) {
+        match plan_all(config, &pools, Reservations::FromPools, &req(i)) {
             Ok(outcomes) => {
                 for (r, o) in config.ranges.iter().zip(&outcomes) {
-                    let a = o.assignment().unwrap();
-                    pools.entry(r.pool_name.clone()).or_default().push(a.offset);
-                    handed_out.push((r.family.number(), r.network + a.offset));
+                    let offset = o.assignment().offset;
+                    match pools.iter_mut().find(|p| p.name == r.pool_name) {
+                        Some(pool) => pool.snapshot = PoolSnapshot::with_taken(pool.snapshot.entries().chain([offset])),
+                        None => pools.push(PoolState { name: r.pool_name.clone(), snapshot: PoolSnapshot::with_taken([offset]) }),
+                    }
                 }
-                out.push(Some(outcomes.iter().map(|o| o.assignment().unwrap().ip.clone()).collect()));
+                out.push(Some(outcomes.iter().map(|o| o.assignment().ip.clone()).collect()));
             }
             Err(_) => out.push(None),
         }
@@ -296,10 +289,9 @@ proptest! {
         };
         let text = json!({"cniVersion": "1.0.0", "name": "p", "ipam": {"type": "thereabouts", "ipRanges": entries}}).to_string();
         let Ok(config) = normalize(&text, None, "") else { return Ok(()) };
-        let previewed: Vec<Option<Vec<String>>> = thereabouts_allocator::preview(&config, &[], pods as u32)
-            .into_iter()
-            .map(|pod| pod.iter().map(|o| o.assignment().map(|a| a.ip.clone())).collect::<Option<Vec<_>>>())
-            .collect();
+        let table = thereabouts_allocator::preview(&config, &[], pods as u32);
+        let served = table.addresses.lines().filter(|_| table.served > 0).map(|line| Some(line.split(' ').map(|a| a.split('/').next().unwrap_or_default().to_string()).collect()));
+        let previewed: Vec<Option<Vec<String>>> = served.chain(std::iter::repeat(None)).take(pods).collect();
         prop_assert_eq!(previewed, successive_adds(&config, pods));
     }
 }

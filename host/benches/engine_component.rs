@@ -1,7 +1,7 @@
 //! Engine cost, natively and through the component boundary (wasmtime, the
 //! precompiled component embedded in the binary), side by side in one run:
-//! - planning one allocation in a pool holding 100 000 live allocations, in an
-//!   IPv4 /15 and in an IPv6 /64;
+//! - planning one allocation (`plan-all`, what an ADD calls) in a pool holding
+//!   100 000 live allocations, in an IPv4 /15 and in an IPv6 /64;
 //! - normalizing a dual-stack config with excludes.
 //!
 //! `cargo bench -p thereabouts --bench engine_component`
@@ -19,15 +19,15 @@ const DUAL_STACK: &str = r#"{"cniVersion":"1.0.0","name":"bench","ipam":{"type":
              {"range":"2001:db8::/64","exclude":["2001:db8::/120","2001:db8::1:0/112"],"gateway":"2001:db8::1"}],
  "routes":[{"dst":"0.0.0.0/0"}],"dns":{"nameservers":["192.0.2.53"]}}}"#;
 
-fn one_range(cidr: &str) -> native::NormalizedRange {
+fn one_range(cidr: &str) -> native::NormalizedConfig {
     let text = format!(r#"{{"cniVersion":"1.0.0","name":"bench","ipam":{{"type":"thereabouts","ipRanges":[{{"range":"{cidr}"}}]}}}}"#);
-    native::normalize(&text, None, "").expect("bench config is valid").ranges.remove(0)
+    native::normalize(&text, None, "").expect("bench config is valid")
 }
 
 /// 100 000 live allocations: offsets 1..=100 010 minus ten holes spread through
 /// the upper half, in a scrambled order as a datastore map would give them.
 /// The lowest free address is the first hole, at offset 50 001.
-fn busy_pool() -> native::PoolSnapshot {
+fn busy_pool(name: &str) -> native::PoolState {
     let holes: Vec<u128> = (0..10).map(|i| 50_001 + i * 5_000).collect();
     let mut taken: Vec<u128> = (1..=LIVE + 10).filter(|o| !holes.contains(o)).collect();
     // Deterministic scramble (multiplicative hashing of the index).
@@ -37,7 +37,7 @@ fn busy_pool() -> native::PoolSnapshot {
         taken.swap(i, j);
     }
     assert_eq!(taken.len() as u128, LIVE);
-    native::PoolSnapshot::with_taken(taken)
+    native::PoolState { name: name.into(), snapshot: native::PoolSnapshot::with_taken(taken) }
 }
 
 fn request() -> native::Request {
@@ -46,17 +46,20 @@ fn request() -> native::Request {
 
 fn plan_benches(c: &mut Criterion) {
     let mut engine = EngineComponent::load().expect("component loads");
-    let pool = busy_pool();
     let req = request();
+    let as_read = native::Reservations::AsRead;
     let mut group = c.benchmark_group("plan_100k_live");
     for (label, cidr) in [("ipv4_slash15", "198.18.0.0/15"), ("ipv6_slash64", "2001:db8::/64")] {
-        let range = one_range(cidr);
-        let expected = native::plan(&range, &pool, &req);
-        assert_eq!(expected.assignment().map(|a| a.offset), Some(50_001));
-        assert_eq!(engine.plan(&range, &pool, &req).unwrap(), expected);
-        group.bench_with_input(BenchmarkId::new("native", label), &range, |b, range| b.iter(|| native::plan(black_box(range), black_box(&pool), &req)));
-        group.bench_with_input(BenchmarkId::new("component", label), &range, |b, range| {
-            b.iter(|| engine.plan(black_box(range), black_box(&pool), &req).unwrap())
+        let config = one_range(cidr);
+        let pools = [busy_pool(&config.ranges[0].pool_name)];
+        let expected = native::plan_all(&config, &pools, as_read, &req);
+        assert_eq!(expected.as_ref().map(|o| o[0].assignment().offset), Ok(50_001));
+        assert_eq!(engine.plan_all(&config, &pools, as_read, &req).unwrap(), expected);
+        group.bench_with_input(BenchmarkId::new("native", label), &config, |b, config| {
+            b.iter(|| native::plan_all(black_box(config), black_box(&pools), as_read, &req))
+        });
+        group.bench_with_input(BenchmarkId::new("component", label), &config, |b, config| {
+            b.iter(|| engine.plan_all(black_box(config), black_box(&pools), as_read, &req).unwrap())
         });
     }
     group.finish();

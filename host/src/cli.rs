@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
-use thereabouts_allocator::model::{NormalizedConfig, PlanOutcome};
+use thereabouts_allocator::model::{NormalizedConfig, PreviewTable};
 
 use crate::json::pretty;
 use crate::component::EngineComponent;
@@ -109,7 +109,9 @@ pub struct PreviewPod {
     pub addresses: Vec<Option<String>>,
 }
 
-pub fn preview_report(config: &NormalizedConfig, outcomes: &[Vec<PlanOutcome>]) -> PreviewReport {
+/// `pods` rows from the engine's table: the served pods' addresses, then `null`s.
+pub fn preview_report(config: &NormalizedConfig, table: &PreviewTable, pods: u32) -> PreviewReport {
+    let mut served = table.addresses.split('\n').take(table.served as usize);
     PreviewReport {
         ranges: config
             .ranges
@@ -123,10 +125,15 @@ pub fn preview_report(config: &NormalizedConfig, outcomes: &[Vec<PlanOutcome>]) 
                 gateway: r.gateway.clone(),
             })
             .collect(),
-        pods: outcomes
-            .iter()
-            .enumerate()
-            .map(|(i, per_range)| PreviewPod { pod: i as u32 + 1, addresses: per_range.iter().map(|o| o.assignment().map(|a| a.address.clone())).collect() })
+        pods: (1..=pods)
+            .map(|pod| {
+                let addresses = match served.next() {
+                    Some(line) if !config.ranges.is_empty() => line.split(' ').map(|a| Some(a.to_string())).collect(),
+                    Some(_) => Vec::new(),
+                    None => vec![None; config.ranges.len()],
+                };
+                PreviewPod { pod, addresses }
+            })
             .collect(),
     }
 }
@@ -136,12 +143,12 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Resu
     let config = load_config(&mut engine, path)?;
     let pools = if from_datastore {
         let store = datastore::open(&config.datastore)?;
-        ipam::snapshots(store.as_ref(), &config)?
+        ipam::pool_states(store.as_ref(), &config)?
     } else {
         Vec::new()
     };
-    let outcomes = engine.preview(&config, &pools, pods)?;
-    let report = preview_report(&config, &outcomes);
+    let previewed = engine.preview(&config, &pools, pods)?;
+    let report = preview_report(&config, &previewed, pods);
     match output {
         Output::Json => print!("{}", pretty(&report)),
         Output::Table => {
@@ -183,7 +190,7 @@ fn pools(path: &Path, output: Output) -> Result<()> {
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
     let store = datastore::open(&config.datastore)?;
-    let usage = ipam::usage(store.as_ref(), &config)?;
+    let usage = ipam::usage(&mut engine, store.as_ref(), &config)?;
     let report = PoolsReport {
         datastore: store.describe(),
         ranges: usage
@@ -233,6 +240,20 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn preview_reports_the_served_pods_then_nulls() {
+        let config = thereabouts_allocator::normalize(
+            r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","ipRanges":[{"range":"192.0.2.0/30"},{"range":"2001:db8::/64"}]}}"#,
+            None,
+            "",
+        )
+        .unwrap();
+        let report = preview_report(&config, &thereabouts_allocator::preview(&config, &[], 3), 3);
+        let pods: Vec<_> = report.pods.iter().map(|p| (p.pod, p.addresses.clone())).collect();
+        let some = |a: &str, b: &str| vec![Some(a.to_string()), Some(b.to_string())];
+        assert_eq!(pods, [(1, some("192.0.2.1/30", "2001:db8::1/64")), (2, some("192.0.2.2/30", "2001:db8::2/64")), (3, vec![None, None])]);
     }
 
     #[test]

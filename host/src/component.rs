@@ -86,58 +86,50 @@ impl EngineComponent {
         })
     }
 
-    pub fn plan(&mut self, range: &model::NormalizedRange, pool: &model::PoolSnapshot, req: &model::Request) -> Result<model::PlanOutcome> {
+    pub fn warnings(&mut self, config: &model::NormalizedConfig) -> Result<Vec<model::ConfigWarning>> {
         let api = self.instance.thereabouts_ipam_engine();
-        let out = api.call_plan(&mut self.store, &range_to_wit(range), &pool_to_wit(pool), &request_to_wit(req))?;
-        Ok(outcome_from_wit(out))
+        let out = api.call_warnings(&mut self.store, &config_to_wit(config))?.map_err(error_from_wit).map_err(inconsistent)?;
+        Ok(out.into_iter().map(warning_from_wit).collect())
     }
 
     pub fn plan_all(
         &mut self,
         config: &model::NormalizedConfig,
-        pools: &[model::PoolSnapshot],
+        pools: &[model::PoolState],
+        reservations: model::Reservations,
         req: &model::Request,
-    ) -> Result<Result<Vec<model::PlanOutcome>, model::PlanOutcome>> {
+    ) -> Result<Result<Vec<model::PlanOutcome>, model::PlanFailure>> {
         let api = self.instance.thereabouts_ipam_engine();
         let pools: Vec<_> = pools.iter().map(pool_to_wit).collect();
-        let out = api.call_plan_all(&mut self.store, &config_to_wit(config), &pools, &request_to_wit(req))?;
-        Ok(out.map(|v| v.into_iter().map(outcome_from_wit).collect()).map_err(outcome_from_wit))
+        let out = api.call_plan_all(&mut self.store, &config_to_wit(config), &pools, reservations_to_wit(reservations), &request_to_wit(req))?;
+        Ok(out.map(|v| v.into_iter().map(outcome_from_wit).collect()).map_err(failure_from_wit))
     }
 
-    pub fn release(&mut self, allocations: &[model::Allocation], container_id: &str, ifname: &str) -> Result<Vec<u32>> {
+    pub fn release(
+        &mut self,
+        config: &model::NormalizedConfig,
+        pool: &str,
+        allocations: &[model::Allocation],
+        attachments: &[model::Attachment],
+    ) -> Result<Vec<model::Released>> {
         let api = self.instance.thereabouts_ipam_engine();
         let allocations: Vec<_> = allocations.iter().map(allocation_to_wit).collect();
-        Ok(api.call_release(&mut self.store, &allocations, container_id, ifname)?)
+        let attachments: Vec<_> = attachments.iter().map(attachment_to_wit).collect();
+        let out = api.call_release(&mut self.store, &config_to_wit(config), pool, &allocations, &attachments)?.map_err(error_from_wit).map_err(inconsistent)?;
+        Ok(out.into_iter().map(released_from_wit).collect())
     }
 
-    pub fn reservation_name(&mut self, ip: &str, network_name: &str) -> Result<Result<String, ConfigError>> {
-        let api = self.instance.thereabouts_ipam_engine();
-        Ok(api.call_reservation_name(&mut self.store, ip, network_name)?.map_err(error_from_wit))
-    }
-
-    pub fn pool_name(&mut self, cidr: &str, network_name: &str) -> Result<Result<String, ConfigError>> {
-        let api = self.instance.thereabouts_ipam_engine();
-        Ok(api.call_pool_name(&mut self.store, cidr, network_name)?.map_err(error_from_wit))
-    }
-
-    /// `preview` in bulk form (what the playground calls); offsets are rejoined.
-    pub fn preview_table(&mut self, config: &model::NormalizedConfig, pools: &[model::PoolSnapshot], pods: u32) -> Result<model::PreviewTable> {
+    pub fn usage(&mut self, config: &model::NormalizedConfig, pools: &[model::PoolState]) -> Result<Vec<model::RangeUsage>> {
         let api = self.instance.thereabouts_ipam_engine();
         let pools: Vec<_> = pools.iter().map(pool_to_wit).collect();
-        let t = api.call_preview_table(&mut self.store, &config_to_wit(config), &pools, pods)?;
-        Ok(model::PreviewTable {
-            served: t.served,
-            addresses: t.addresses,
-            offsets: t.offsets_high.iter().zip(&t.offsets_low).map(|(&h, &l)| (u128::from(h) << 64) | u128::from(l)).collect(),
-            failure: t.failure.map(|f| model::PreviewFailure { range_index: f.range_index, exhausted: f.exhausted, rejected: f.rejected }),
-        })
+        let out = api.call_usage(&mut self.store, &config_to_wit(config), &pools)?.map_err(error_from_wit).map_err(inconsistent)?;
+        out.into_iter().map(|u| usage_from_wit(u).map_err(inconsistent)).collect()
     }
 
-    pub fn preview(&mut self, config: &model::NormalizedConfig, pools: &[model::PoolSnapshot], pods: u32) -> Result<Vec<Vec<model::PlanOutcome>>> {
+    pub fn preview(&mut self, config: &model::NormalizedConfig, pools: &[model::PoolState], pods: u32) -> Result<model::PreviewTable> {
         let api = self.instance.thereabouts_ipam_engine();
         let pools: Vec<_> = pools.iter().map(pool_to_wit).collect();
-        let out = api.call_preview(&mut self.store, &config_to_wit(config), &pools, pods)?;
-        Ok(out.into_iter().map(|pod| pod.into_iter().map(outcome_from_wit).collect()).collect())
+        Ok(table_from_wit(api.call_preview(&mut self.store, &config_to_wit(config), &pools, pods)?))
     }
 }
 

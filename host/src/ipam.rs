@@ -5,11 +5,12 @@
 //! call met (`request.contention`): racing ADDs then spread over the lowest free
 //! addresses instead of all planning the lowest one again.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
 
-use thereabouts_allocator::ConfigError;
-use thereabouts_allocator::model::{Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanOutcome, PoolSnapshot, Request};
+use thereabouts_allocator::model::{
+    self, Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, Request, Reservations,
+};
 
 use crate::component::{EngineComponent, EngineFailure};
 use crate::datastore::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate};
@@ -25,9 +26,6 @@ pub enum IpamError {
     /// requested address cannot be had. The message is whereabouts' where it has one.
     #[error("{message}")]
     Unplaceable { message: String },
-    /// The engine refused an address it was asked to name (its own verdict, with a code).
-    #[error("{}", .0.message)]
-    Refused(#[from] ConfigError),
     /// The engine answered something that contradicts what it was given: a bug.
     #[error("engine answer inconsistent: {detail}")]
     EngineAnswer { detail: &'static str },
@@ -52,6 +50,15 @@ fn distinct_pools(config: &NormalizedConfig) -> Vec<PoolId> {
 
 fn load_all(store: &dyn Datastore, pools: &[PoolId]) -> Result<BTreeMap<String, Pool>, IpamError> {
     pools.iter().map(|p| Ok((p.name.clone(), store.load(p)?))).collect()
+}
+
+fn entries_of<'a>(loaded: &'a BTreeMap<String, Pool>, pool: &str) -> &'a [Allocation] {
+    loaded.get(pool).map(|p| p.entries.as_slice()).unwrap_or_default()
+}
+
+/// A pool as the engine takes it: the offsets of its entries.
+fn pool_state(pool: &PoolId, entries: &[Allocation]) -> PoolState {
+    PoolState { name: pool.name.clone(), snapshot: PoolSnapshot::with_taken(entries.iter().map(|e| e.offset)) }
 }
 
 /// Per-pool change lists in range order, turned into updates against the versions read.
@@ -156,26 +163,10 @@ fn reserves(store: &dyn Datastore, config: &NormalizedConfig) -> bool {
     config.enable_overlapping_ranges && store.capabilities().reservations
 }
 
-/// The reservation name of an address (whereabouts' ORIP name, scoped by `network_name`).
-fn reservation_name(engine: &mut EngineComponent, config: &NormalizedConfig, ip: &str) -> Result<String, IpamError> {
-    Ok(engine.reservation_name(ip, &config.network_name).map_err(EngineFailure)??)
-}
-
-/// The reservation name of the address at `offset` of `pool`'s network, if the
-/// offset is an address of it.
-fn entry_reservation(engine: &mut EngineComponent, config: &NormalizedConfig, pool: &PoolId, offset: u128) -> Result<Option<String>, IpamError> {
-    let Some(range) = config.ranges.iter().find(|r| r.pool_name == pool.name) else { return Ok(None) };
-    match thereabouts_allocator::planner::address_at(range, offset) {
-        Some(ip) => reservation_name(engine, config, &ip.to_string()).map(Some),
-        None => Ok(None),
-    }
-}
-
 /// What a failed plan tells the runtime. Exhaustion keeps whereabouts' message.
-fn plan_failure(outcome: PlanOutcome) -> IpamError {
-    match outcome {
-        PlanOutcome::Exhausted { message } | PlanOutcome::Rejected { message } => IpamError::Unplaceable { message },
-        PlanOutcome::Reuse { .. } | PlanOutcome::Fresh { .. } => IpamError::EngineAnswer { detail: "a successful outcome reported as a failure" },
+fn plan_failure(failure: PlanFailure) -> IpamError {
+    match failure {
+        PlanFailure::Exhausted { message } | PlanFailure::Rejected { message } => IpamError::Unplaceable { message },
     }
 }
 
@@ -188,47 +179,86 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
     until_committed(store, &pools, deadline, "ADD", |conflicts| {
         request.contention = conflicts;
         let loaded = load_all(store, &pools)?;
-        let mut snapshots = Vec::with_capacity(config.ranges.len());
-        for range in &config.ranges {
-            let entries = loaded.get(&range.pool_name).map(|p| p.entries.as_slice()).unwrap_or_default();
-            // The pod's own entries, by pod-ref (or container ID outside Kubernetes):
-            // the engine decides whether one is this attachment's address to keep.
-            let held = entries
-                .iter()
-                .filter(|e| if request.pod_ref.is_empty() { e.container_id == request.container_id } else { e.pod_ref == request.pod_ref })
-                .cloned()
-                .collect();
-            // Addresses an earlier attempt found reserved by an overlapping range.
-            let reserved = if reserving { store.reserved(&pool_of(range)) } else { Vec::new() };
-            snapshots.push(PoolSnapshot { held, reserved, ..PoolSnapshot::with_taken(entries.iter().map(|e| e.offset)) });
-        }
-        let outcomes = engine.plan_all(config, &snapshots, &request).map_err(EngineFailure)?.map_err(plan_failure)?;
+        let states: Vec<PoolState> = pools
+            .iter()
+            .map(|pool| {
+                let entries = entries_of(&loaded, &pool.name);
+                let mut state = pool_state(pool, entries);
+                // The pod's own entries, by pod-ref (or container ID outside Kubernetes):
+                // the engine decides whether one is this attachment's address to keep.
+                state.snapshot.held = entries
+                    .iter()
+                    .filter(|e| if request.pod_ref.is_empty() { e.container_id == request.container_id } else { e.pod_ref == request.pod_ref })
+                    .cloned()
+                    .collect();
+                // Addresses an earlier attempt found reserved by an overlapping range.
+                if reserving {
+                    state.snapshot.reserved = store.reserved(pool);
+                }
+                state
+            })
+            .collect();
+        let outcomes = engine.plan_all(config, &states, Reservations::AsRead, &request).map_err(EngineFailure)?.map_err(plan_failure)?;
         let mut changes = Changes::new();
         let mut assignments = Vec::with_capacity(outcomes.len());
-        for ((range, snapshot), outcome) in config.ranges.iter().zip(&snapshots).zip(outcomes) {
+        for (range, outcome) in config.ranges.iter().zip(outcomes) {
             match outcome {
                 PlanOutcome::Fresh { assignment } => {
                     let entry = Allocation { offset: assignment.offset, container_id: request.container_id.clone(), pod_ref: request.pod_ref.clone(), ifname: request.ifname.clone() };
                     if reserving {
-                        let name = reservation_name(engine, config, &assignment.ip)?;
-                        changes.push(pool_of(range), Change::Reserve { name, holder: entry.clone() });
+                        changes.push(pool_of(range), Change::Reserve { name: assignment.reservation.clone(), holder: entry.clone() });
                     }
                     changes.push(pool_of(range), Change::Insert(entry));
                     assignments.push(assignment);
                 }
                 PlanOutcome::Reuse { assignment, held_index } => {
-                    let held = snapshot.held.get(held_index as usize).ok_or(IpamError::EngineAnswer { detail: "reused an entry it was not given" })?;
+                    let held = states
+                        .iter()
+                        .find(|s| s.name == range.pool_name)
+                        .and_then(|s| s.snapshot.held.get(held_index as usize))
+                        .ok_or(IpamError::EngineAnswer { detail: "reused an entry it was not given" })?;
                     if held.container_id != request.container_id {
                         changes.push(pool_of(range), Change::SetContainerId { offset: held.offset, container_id: request.container_id.clone() });
                     }
                     assignments.push(assignment);
                 }
-                failed => return Err(plan_failure(failed)),
             }
         }
         let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
         Ok((assignments, updates))
     })
+}
+
+impl From<Attachment<'_>> for model::Attachment {
+    fn from(who: Attachment) -> Self {
+        model::Attachment { container_id: who.container_id.into(), ifname: who.ifname.into() }
+    }
+}
+
+/// Removes the entries of `pool` the engine finds for `attachments` (and, when
+/// reserving, their reservations); `each` sees every removed entry. Returns how many.
+#[allow(clippy::too_many_arguments, reason = "one call site per command, each naming what it passes")]
+fn release_in(
+    engine: &mut EngineComponent,
+    config: &NormalizedConfig,
+    pool: &PoolId,
+    entries: &[Allocation],
+    attachments: &[model::Attachment],
+    reserving: bool,
+    changes: &mut Changes,
+    mut each: impl FnMut(&Allocation),
+) -> Result<usize, IpamError> {
+    let mut removed = 0;
+    for released in engine.release(config, &pool.name, entries, attachments).map_err(EngineFailure)? {
+        let Some(entry) = entries.get(released.index as usize) else { continue };
+        changes.push(pool.clone(), Change::Remove { offset: entry.offset });
+        if reserving && let Some(name) = released.reservation {
+            changes.push(pool.clone(), Change::Unreserve { name, holder: entry.clone() });
+        }
+        each(entry);
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 /// DEL: forgets the attachment's entries in every pool of the config. Nothing to
@@ -248,21 +278,18 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
         let mut removed = 0;
         in_use.clear();
         for pool in &pools {
-            let entries = loaded.get(&pool.name).map(|p| p.entries.as_slice()).unwrap_or_default();
+            let entries = entries_of(&loaded, &pool.name);
             if reserving && !config.pod_ref.is_empty() {
-                for entry in entries.iter().filter(|e| e.pod_ref == config.pod_ref && e.ifname == who.ifname && e.container_id != who.container_id) {
-                    in_use.extend(entry_reservation(engine, config, pool, entry.offset)?);
+                let adopted: Vec<model::Attachment> = entries
+                    .iter()
+                    .filter(|e| e.pod_ref == config.pod_ref && e.ifname == who.ifname && e.container_id != who.container_id)
+                    .map(|e| model::Attachment { container_id: e.container_id.clone(), ifname: e.ifname.clone() })
+                    .collect();
+                if !adopted.is_empty() {
+                    in_use.extend(engine.release(config, &pool.name, entries, &adopted).map_err(EngineFailure)?.into_iter().filter_map(|r| r.reservation));
                 }
             }
-            for index in engine.release(entries, who.container_id, who.ifname).map_err(EngineFailure)? {
-                if let Some(entry) = entries.get(index as usize) {
-                    changes.push(pool.clone(), Change::Remove { offset: entry.offset });
-                    if reserving && let Some(name) = entry_reservation(engine, config, pool, entry.offset)? {
-                        changes.push(pool.clone(), Change::Unreserve { name, holder: entry.clone() });
-                    }
-                    removed += 1;
-                }
-            }
+            removed += release_in(engine, config, pool, entries, &[who.into()], reserving, &mut changes, |_| ())?;
         }
         let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
         Ok((removed, updates))
@@ -281,14 +308,14 @@ pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normal
     let loaded = load_all(store, &distinct_pools(config))?;
     let mut found = Vec::with_capacity(config.ranges.len());
     for range in &config.ranges {
-        let entries = loaded.get(&range.pool_name).map(|p| p.entries.as_slice()).unwrap_or_default();
+        let entries = entries_of(&loaded, &range.pool_name);
         // Entries inside this range only: two ranges may share a pool with
         // different range_start/range_end.
-        let matching = engine.release(entries, who.container_id, who.ifname).map_err(EngineFailure)?;
+        let matching = engine.release(config, &range.pool_name, entries, &[who.into()]).map_err(EngineFailure)?;
         found.push(
             matching
                 .iter()
-                .filter_map(|&i| entries.get(i as usize))
+                .filter_map(|m| entries.get(m.index as usize))
                 .find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset)
                 .cloned(),
         );
@@ -322,15 +349,18 @@ pub fn collect_garbage(
         let mut changes = Changes::new();
         let mut removed = Vec::new();
         for pool in &pools {
-            for entry in loaded.get(&pool.name).map(|p| p.entries.as_slice()).unwrap_or_default() {
-                if !valid.contains(&(entry.container_id.clone(), entry.ifname.clone())) {
-                    changes.push(pool.clone(), Change::Remove { offset: entry.offset });
-                    if reserving && let Some(name) = entry_reservation(engine, config, pool, entry.offset)? {
-                        changes.push(pool.clone(), Change::Unreserve { name, holder: entry.clone() });
-                    }
-                    removed.push((pool.clone(), entry.clone()));
-                }
+            let entries = entries_of(&loaded, &pool.name);
+            let garbage: BTreeSet<(&str, &str)> = entries
+                .iter()
+                .filter(|e| !valid.contains(&(e.container_id.clone(), e.ifname.clone())))
+                .map(|e| (e.container_id.as_str(), e.ifname.as_str()))
+                .collect();
+            if garbage.is_empty() {
+                continue;
             }
+            let garbage: Vec<model::Attachment> =
+                garbage.into_iter().map(|(container_id, ifname)| model::Attachment { container_id: container_id.into(), ifname: ifname.into() }).collect();
+            release_in(engine, config, pool, entries, &garbage, reserving, &mut changes, |entry| removed.push((pool.clone(), entry.clone())))?;
         }
         let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
         Ok((removed, updates))
@@ -353,43 +383,33 @@ pub struct RangeUsage {
     pub pool_entries: usize,
 }
 
-/// Whether this range would hand out `offset` (inside [first, last], not excluded).
-fn allocatable(range: &NormalizedRange, offset: u128) -> bool {
-    offset >= range.first_offset && offset <= range.last_offset && !range.excluded.iter().any(|&(lo, hi)| offset >= lo && offset <= hi)
-}
-
-pub fn usage(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<RangeUsage>, IpamError> {
-    let loaded = load_all(store, &distinct_pools(config))?;
+pub fn usage(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<RangeUsage>, IpamError> {
+    let pools = distinct_pools(config);
+    let loaded = load_all(store, &pools)?;
+    let states: Vec<PoolState> = pools.iter().map(|p| pool_state(p, entries_of(&loaded, &p.name))).collect();
+    let usage = engine.usage(config, &states).map_err(EngineFailure)?;
     Ok(config
         .ranges
         .iter()
-        .map(|range| {
-            let entries = loaded.get(&range.pool_name).map(|p| p.entries.as_slice()).unwrap_or_default();
-            let allocated = entries.iter().filter(|e| allocatable(range, e.offset)).count() as u128;
-            RangeUsage {
-                cidr: range.cidr.clone(),
-                pool_name: range.pool_name.clone(),
-                first: range.first.clone(),
-                last: range.last.clone(),
-                usable: range.usable,
-                allocated,
-                free: range.usable.saturating_sub(allocated),
-                pool_entries: entries.len(),
-            }
+        .zip(usage)
+        .map(|(range, u)| RangeUsage {
+            cidr: range.cidr.clone(),
+            pool_name: range.pool_name.clone(),
+            first: range.first.clone(),
+            last: range.last.clone(),
+            usable: range.usable,
+            allocated: u128::from(u.allocated),
+            free: u.free,
+            pool_entries: entries_of(&loaded, &range.pool_name).len(),
         })
         .collect())
 }
 
-/// Snapshots of the current pools in range order, for the engine's preview.
-pub fn snapshots(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<PoolSnapshot>, IpamError> {
-    let loaded = load_all(store, &distinct_pools(config))?;
-    Ok(config
-        .ranges
-        .iter()
-        .map(|range| {
-            PoolSnapshot::with_taken(loaded.get(&range.pool_name).into_iter().flat_map(|p| p.entries.iter().map(|e| e.offset)))
-        })
-        .collect())
+/// The config's pools as they are now (their entries' offsets), for the engine's preview.
+pub fn pool_states(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<PoolState>, IpamError> {
+    let pools = distinct_pools(config);
+    let loaded = load_all(store, &pools)?;
+    Ok(pools.iter().map(|p| pool_state(p, entries_of(&loaded, &p.name))).collect())
 }
 
 /// `ip/prefix` of an entry of `range`'s pool.
@@ -480,17 +500,5 @@ mod tests {
         let failed = until_committed(&store, &[pool("p")], deadline, "ADD", |c| if c == 0 { Ok(((), one_update())) } else { Err(IpamError::Unplaceable { message: "plan failed".into() }) });
         assert!(matches!(failed, Err(IpamError::Unplaceable { message }) if message == "plan failed"));
         assert_eq!(store.finished.get(), 1);
-    }
-
-    #[test]
-    fn usage_counts_only_addresses_the_range_hands_out() {
-        let config = thereabouts_allocator::normalize(
-            r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","range":"192.0.2.0/24","range_start":"192.0.2.10","exclude":["192.0.2.20/30"]}}"#,
-            None,
-            "",
-        )
-        .unwrap();
-        let range = &config.ranges[0];
-        assert!(!allocatable(range, 9) && allocatable(range, 10) && !allocatable(range, 21) && allocatable(range, 24) && !allocatable(range, 255));
     }
 }

@@ -327,6 +327,20 @@ fn status_reports_exhaustion_and_an_unusable_datastore() {
 }
 
 #[test]
+fn status_names_the_range_that_ran_out() {
+    let scratch = Scratch::new("status-second");
+    let status_env = [("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/opt/cni/bin")];
+    let two = net(
+        "1.1.0",
+        json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(), "ipRanges": [{"range": "198.51.100.0/24"}, {"range": "192.0.2.0/30"}]}),
+    );
+    add(&two, "c1", "p1").ok();
+    add(&two, "c2", "p2").ok();
+    let message = run(&status_env, &two).error(50);
+    assert!(message.contains("192.0.2.0/30") && !message.contains("198.51.100.0/24"), "{message}");
+}
+
+#[test]
 fn multi_range_add_is_all_or_nothing() {
     let scratch = Scratch::new("all-or-nothing");
     let config = net(

@@ -2,9 +2,19 @@
 //! interfaces, and answers exactly what the native engine answers (same code,
 //! two builds), including errors.
 
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
 use thereabouts::component::{COMPONENT_WASM, EngineComponent};
 use thereabouts_allocator as native;
 use wasmparser::{Parser, Payload};
+
+/// One engine for every test: it runs its code in place, from the binary's own
+/// pages, and wasmtime registers code by address, so two engines loaded at once
+/// (tests run in parallel) would register the same code twice.
+fn engine() -> MutexGuard<'static, EngineComponent> {
+    static ENGINE: LazyLock<Mutex<EngineComponent>> = LazyLock::new(|| Mutex::new(EngineComponent::load().expect("component loads")));
+    ENGINE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 #[test]
 fn component_has_zero_imports_and_exports_the_engine() {
@@ -62,9 +72,17 @@ const CONFIGS: [&str; 6] = [
     r#"{"cniVersion":"1.0.0","name":"bad", nope}"#,
 ];
 
+/// Each pool of the config once, all holding the same entries.
+fn pools_of(config: &native::NormalizedConfig, snapshot: &native::PoolSnapshot) -> Vec<native::PoolState> {
+    let mut names: Vec<&str> = config.ranges.iter().map(|r| r.pool_name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names.into_iter().map(|name| native::PoolState { name: name.into(), snapshot: snapshot.clone() }).collect()
+}
+
 #[test]
 fn component_answers_exactly_like_the_native_engine() {
-    let mut engine = EngineComponent::load().expect("component loads");
+    let mut engine = engine();
     let args = "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p";
     for text in CONFIGS {
         let via_component = engine.normalize(text, None, args).expect("call succeeds");
@@ -73,33 +91,56 @@ fn component_answers_exactly_like_the_native_engine() {
         let Ok(config) = via_native else { continue };
         let mut pool = native::PoolSnapshot::with_taken([8, 9, 11, (1u128 << 80) + 1]);
         pool.reserved = vec![12];
-        let pools = vec![pool; config.ranges.len()];
+        let pools = pools_of(&config, &pool);
         let request = native::Request { container_id: "c1".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), requested_ip: None, contention: 0 };
-        assert_eq!(engine.plan_all(&config, &pools, &request).unwrap(), native::plan_all(&config, &pools, &request));
+        for reservations in [native::Reservations::AsRead, native::Reservations::FromPools] {
+            assert_eq!(engine.plan_all(&config, &pools, reservations, &request).unwrap(), native::plan_all(&config, &pools, reservations, &request));
+        }
         assert_eq!(engine.preview(&config, &pools, 50).unwrap(), native::preview(&config, &pools, 50));
-        assert_eq!(engine.preview_table(&config, &pools, 50).unwrap(), native::preview_table(&config, &pools, 50));
+        assert_eq!(engine.usage(&config, &pools).unwrap(), native::usage(&config, &pools));
+        assert_eq!(engine.warnings(&config).unwrap(), native::warnings(&config));
         // Under contention the spread pick (a hash) crosses the boundary unchanged.
         for contention in [1, 3, 8, 40] {
             let contended = native::Request { contention, ..request.clone() };
-            assert_eq!(engine.plan_all(&config, &pools, &contended).unwrap(), native::plan_all(&config, &pools, &contended), "contention {contention}");
-        }
-        for range in &config.ranges {
-            assert_eq!(engine.plan(range, &pools[0], &request).unwrap(), native::plan(range, &pools[0], &request));
-            assert_eq!(engine.pool_name(&range.cidr, &config.network_name).unwrap().unwrap(), range.pool_name);
+            let reservations = native::Reservations::AsRead;
+            assert_eq!(
+                engine.plan_all(&config, &pools, reservations, &contended).unwrap(),
+                native::plan_all(&config, &pools, reservations, &contended),
+                "contention {contention}"
+            );
         }
     }
 }
 
 #[test]
-fn naming_and_release_through_the_component() {
-    let mut engine = EngineComponent::load().expect("component loads");
-    assert_eq!(engine.reservation_name("2001:db8:480:603d:304:403::", "").unwrap().unwrap(), "2001-db8-480-603d-304-403--0");
-    assert_eq!(engine.pool_name("fd00:0:0:10::/64", "net").unwrap().unwrap(), "net-fd00-0-0-10---64");
-    let entries = vec![
-        native::Allocation { offset: 1, container_id: "a".into(), pod_ref: "ns/p".into(), ifname: "eth0".into() },
-        native::Allocation { offset: 2, container_id: "b".into(), pod_ref: "ns/q".into(), ifname: "eth0".into() },
-    ];
-    assert_eq!(engine.release(&entries, "b", "eth0").unwrap(), vec![1]);
-    let err = engine.pool_name("nonsense", "").unwrap().unwrap_err();
-    assert_eq!(err.code, 7);
+fn release_through_the_component_names_the_reservations() {
+    let mut engine = engine();
+    let config = native::normalize(
+        r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","network_name":"net","ipRanges":[{"range":"2001:db8:480:603d:304:403::/96"}]}}"#,
+        None,
+        "",
+    )
+    .unwrap();
+    let pool = config.ranges[0].pool_name.clone();
+    let entry = |offset, container_id: &str| native::Allocation { offset, container_id: container_id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into() };
+    let entries = vec![entry(1, "a"), entry(0, "b"), entry(1 << 40, "b")];
+    let who = |container_id: &str| native::Attachment { container_id: container_id.into(), ifname: "eth0".into() };
+    let released = engine.release(&config, &pool, &entries, &[who("b")]).unwrap();
+    assert_eq!(released, native::release(&config, &pool, &entries, &[who("b")]));
+    // The network's own address gets the trailing `0`; an offset outside the /96 has no name.
+    assert_eq!(
+        released,
+        [native::Released { index: 1, reservation: Some("net-2001-db8-480-603d-304-403--0".into()) }, native::Released { index: 2, reservation: None }]
+    );
+    assert_eq!(engine.release(&config, &pool, &entries, &[who("a"), who("b")]).unwrap().len(), 3);
+    assert!(engine.release(&config, &pool, &entries, &[who("zzz")]).unwrap().is_empty());
+}
+
+#[test]
+fn a_config_the_engine_did_not_produce_is_a_config_error() {
+    let mut engine = engine();
+    let mut config = native::normalize(r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","range":"192.0.2.0/24"}}"#, None, "").unwrap();
+    config.ranges[0].cidr = "nonsense".into();
+    let err = engine.usage(&config, &[]).unwrap_err();
+    assert!(format!("{err:#}").contains("nonsense"), "{err:#}");
 }

@@ -1,25 +1,25 @@
-// Everything the page computes, on top of the engine component. Allocation
-// decisions (normalization, preview, churn) are the engine's; this file only keeps
-// the pool state between calls and derives the warnings from engine answers.
+// Everything the page computes, on top of the engine component. Every decision
+// (normalization, warnings, preview, churn, usage) is the engine's; this file only
+// keeps the simulated pools between calls, the way a datastore keeps them for the
+// plugin, and shapes the engine's answers for the page.
 //
 // The engine is passed in (the jco-transpiled component's `engine` export), so the
 // same code runs in the browser and under Node.
 
 export const MAX_PODS = 10000;
 
+/** The CNI numbers of the WIT's `error-code`s, as the plugin's error document prints them. */
+const CNI_CODES = { 'incompatible-cni-version': 1, 'invalid-environment-variables': 4, 'undecodable-content': 6, 'invalid-network-config': 7 };
+
 /** A ConfigError thrown by the component (jco throws ComponentError with .payload). */
 export function configErrorOf(e) {
   const p = e && e.payload;
-  if (p && typeof p === 'object' && 'message' in p) return { code: p.code, field: p.field, message: p.message };
+  if (p && typeof p === 'object' && 'message' in p) return { code: CNI_CODES[p.code], field: p.field, message: p.message };
   return null;
 }
 
 export const offsetKey = (o) => (BigInt(o.high) << 64n) | BigInt(o.low);
 
-/** A pool-snapshot as the WIT has it: offsets below 2^64 in `taken` (a list<u64>), wider ones in `takenWide`. */
-function emptyPool() {
-  return { taken: new BigUint64Array(0), takenWide: [], reserved: [], held: [] };
-}
 export const toOffset = (v) => ({ high: v >> 64n, low: v & 0xffffffffffffffffn });
 
 /**
@@ -68,58 +68,9 @@ function moreRangeErrors(engine, configText, first) {
   return errors;
 }
 
-/** True when `ip` lies in the network of `range` (engine's offset-of). */
-function offsetIn(engine, range, ip) {
-  try { return offsetKey(engine.offsetOf(range, ip)); } catch { return null; }
-}
-
-/** Warnings about a normalized config (overlaps, gateways inside the span). */
+/** Warnings about a normalized config (overlapping ranges, gateways a pod could get): the engine's. */
 export function configWarnings(engine, config) {
-  const warnings = [];
-  const rs = config.ranges;
-  for (let i = 0; i < rs.length; i++) {
-    for (let j = i + 1; j < rs.length; j++) {
-      const a = rs[i], b = rs[j];
-      if (a.family !== b.family) continue;
-      if (a.cidr === b.cidr) {
-        warnings.push({ kind: 'overlap', ranges: [i, j], text: `Ranges ${i + 1} and ${j + 1} are the same network ${a.cidr}: they share the IPPool ${a.poolName}, and each pod takes two addresses from it.` });
-        continue;
-      }
-      // The larger network contains the smaller one's addresses, if they overlap at all.
-      const [outer, inner] = a.prefixLen <= b.prefixLen ? [a, b] : [b, a];
-      const points = [a.first, a.last, b.first, b.last].map((ip) => offsetIn(engine, outer, ip));
-      if (points.some((p) => p === null)) continue;
-      const [af, al, bf, bl] = points;
-      if (af <= bl && bf <= al) {
-        const lo = af > bf ? a.first : b.first;
-        const hi = al < bl ? a.last : b.last;
-        warnings.push({
-          kind: 'overlap', ranges: [i, j],
-          text: `Ranges ${i + 1} (${a.cidr}) and ${j + 1} (${b.cidr}) overlap (${lo} – ${hi}). ` +
-            (config.enableOverlappingRanges
-              ? 'With enable_overlapping_ranges (on) an address taken in one is skipped in the other.'
-              : 'enable_overlapping_ranges is off: the plugin may hand the same address out from both pools.'),
-        });
-      }
-    }
-  }
-  rs.forEach((r, i) => {
-    if (!r.gateway) return;
-    const g = offsetIn(engine, r, r.gateway);
-    if (g === null) {
-      warnings.push({ kind: 'gateway', ranges: [i], text: `Range ${i + 1} (${r.cidr}): gateway ${r.gateway} is outside the range's network.` });
-      return;
-    }
-    if (g < offsetKey(r.firstOffset) || g > offsetKey(r.lastOffset)) return;
-    // Inside [first, last]: ask the engine whether a pod could actually be given it
-    // (a request for exactly that address on an empty pool; excluded => rejected).
-    const outcome = engine.plan(r, emptyPool(),
-      { containerId: 'playground-gateway-check', podRef: 'playground/gateway-check', ifname: 'net1', requestedIp: r.gateway, contention: 0 });
-    if (outcome.tag === 'fresh') {
-      warnings.push({ kind: 'gateway', ranges: [i], text: `Range ${i + 1} (${r.cidr}): gateway ${r.gateway} is inside the allocatable span ${r.first} – ${r.last} and not excluded, so a pod can be given the gateway's address. Exclude it or move range_start past it.` });
-    }
-  });
-  return warnings;
+  return engine.warnings(config).map((w) => ({ kind: w.kind, text: w.text }));
 }
 
 /**
@@ -134,14 +85,10 @@ export class Simulation {
     this.nextPod = 1;
     this.pods = [];
     this.log = [];
-    // Which pairs of ranges share addresses (networks nest, so one contains the
-    // other's first address), to look for overlapping reservations only there.
     const rs = config.ranges;
-    this.overlaps = rs.map((a, i) => rs.map((b, j) => i !== j && a.poolName !== b.poolName && a.family === b.family &&
-      (offsetIn(engine, a, b.first) !== null || offsetIn(engine, b, a.first) !== null)));
-    // The bulk form of the engine's preview: one string and two integer lists
+    // The engine's preview is bulk-shaped: one string and two integer lists
     // instead of 20 000 records (jco decodes every string and offset separately).
-    const table = engine.previewTable(config, [], count);
+    const table = engine.preview(config, [], count);
     const lines = table.served > 0 ? table.addresses.split('\n') : [];
     const n = rs.length;
     for (let p = 0; p < table.served; p++) {
@@ -165,37 +112,30 @@ export class Simulation {
   }
 
   /**
-   * One pool snapshot per range, as the plugin would read them: the offsets held
-   * in the range's IPPool (ranges with the same pool name share it), plus, when
-   * enable_overlapping_ranges is on, the addresses held in other pools that fall
-   * inside this range (their overlapping-range reservations).
+   * The pools as a datastore would hold them: each pod that got its addresses has
+   * one entry per range, in the pool that range writes to (its `poolName`). The
+   * engine maps ranges onto pools and derives overlapping-range reservations.
    */
-  snapshots() {
-    const work = this.config.ranges.map(() => ({ taken: [], takenWide: [], reserved: [], held: [] }));
-    for (const p of this.pods) if (Simulation.served(p)) this.hold(work, p.cells);
-    return work;
+  pools() {
+    const pools = new Map();
+    for (const p of this.pods) if (Simulation.served(p)) this.hold(pools, p.cells);
+    return pools;
   }
 
-  /** Records a pod's addresses in the working snapshots. */
-  hold(work, cells) {
-    const rs = this.config.ranges;
+  /** Records a pod's addresses in the pools, as a committed ADD does. */
+  hold(pools, cells) {
     cells.forEach((c, i) => {
-      const r = rs[i];
-      rs.forEach((other, j) => {
-        if (other.poolName === r.poolName) {
-          if (c.offset.high === 0n) work[j].taken.push(c.offset.low);
-          else work[j].takenWide.push(c.offset);
-        } else if (this.config.enableOverlappingRanges && this.overlaps[i][j]) {
-          const o = offsetIn(this.engine, other, c.ip);
-          if (o !== null) work[j].reserved.push(toOffset(o));
-        }
-      });
+      const name = this.config.ranges[i].poolName;
+      let pool = pools.get(name);
+      if (!pool) pools.set(name, (pool = { name, taken: [], takenWide: [], reserved: [], held: [] }));
+      if (c.offset.high === 0n) pool.taken.push(c.offset.low);
+      else pool.takenWide.push(c.offset);
     });
   }
 
-  /** The working snapshots in the component's shape. */
-  static lower(work) {
-    return work.map((w) => ({ taken: BigUint64Array.from(w.taken), takenWide: w.takenWide, reserved: w.reserved, held: w.held }));
+  /** The pools in the component's shape (`pool-state`: `taken` is a list<u64>). */
+  static lower(pools) {
+    return [...pools.values()].map((p) => ({ ...p, taken: BigUint64Array.from(p.taken) }));
   }
 
   /** Deletes the given pod numbers (unknown ones are reported), then adds `add` pods. */
@@ -206,14 +146,16 @@ export class Simulation {
     for (const p of this.pods) p.added = false;
     const missing = [...want].filter((n) => !deleted.includes(n));
     const added = [];
-    const work = this.snapshots();
+    const pools = this.pools();
     for (let k = 0; k < add; k++) {
       const pod = this.nextPod++;
-      const req = { containerId: `playground-${pod}`, podRef: `playground/pod-${pod}`, ifname: 'net1', requestedIp: undefined, contention: 0 };
+      const req = { containerId: `playground-${pod}`, podRef: `playground/pod-${pod}`, ifname: 'net1', contention: 0 };
       let cells;
       try {
-        cells = this.engine.planAll(this.config, Simulation.lower(work), req).map(cellOf);
-        this.hold(work, cells);
+        // The simulated pools are the whole cluster: the engine reserves in each
+        // range what the other pools hold (with enable_overlapping_ranges).
+        cells = this.engine.planAll(this.config, Simulation.lower(pools), 'from-pools', req).map(cellOf);
+        this.hold(pools, cells);
       } catch (e) {
         // plan-all fails as a whole when one range cannot be served: the plugin
         // stores nothing and the pod gets no address at all.
@@ -234,25 +176,27 @@ function cellOf(outcome) {
   switch (outcome.tag) {
     case 'fresh': return { ip: outcome.val.ip, address: outcome.val.address, offset: outcome.val.offset };
     case 'reuse': return { ip: outcome.val.assignment.ip, address: outcome.val.assignment.address, offset: outcome.val.assignment.offset };
+    // plan-all's failure variant.
     case 'exhausted': return { exhausted: outcome.val };
     case 'rejected': return { rejected: outcome.val };
     default: return { failed: JSON.stringify(outcome) };
   }
 }
 
-/** Per range: addresses held now (by pods whose ADD succeeded), usable total, and when it first ran out. */
+/**
+ * Per range: addresses its pool holds now that the range hands out (the engine's
+ * `usage`, as `thereabouts pools` counts them), usable total, and the first pod
+ * for which it ran out.
+ */
 export function usage(sim) {
+  const counted = sim.engine.usage(sim.config, Simulation.lower(sim.pools()));
   return sim.config.ranges.map((r, i) => {
-    let used = 0;
     let firstExhausted = null;
     for (const p of sim.pods) {
-      const c = p.cells[i];
-      if (c.ip) { if (Simulation.served(p)) used++; }
       // Only the range that ran out; the pod's other ranges are `rejected` (ADD stores nothing).
-      else if (firstExhausted === null && c.exhausted) firstExhausted = { pod: p.pod, message: c.exhausted };
+      if (p.cells[i].exhausted) { firstExhausted = { pod: p.pod, message: p.cells[i].exhausted }; break; }
     }
-    const usable = BigInt(r.usable);
-    return { used, usable, firstExhausted };
+    return { used: counted[i].allocated, usable: BigInt(r.usable), firstExhausted };
   });
 }
 

@@ -9,12 +9,16 @@ wit_bindgen::generate!({ world: "allocator", path: "../../wit" });
 use exports::thereabouts::ipam::engine::Guest;
 use exports::thereabouts::ipam::types as wit;
 
-use thereabouts_allocator::{error, ip, naming, planner};
+use thereabouts_allocator::{planner, pools, warnings};
 
 struct Component;
 
 thereabouts_allocator::wit_conversions!(crate::exports::thereabouts::ipam::types);
 use wit_convert::*;
+
+fn pools_from_wit(pools: Vec<wit::PoolState>) -> Vec<thereabouts_allocator::PoolState> {
+    pools.into_iter().map(pool_from_wit).collect()
+}
 
 impl Guest for Component {
     fn flat_file_paths(network_config: String) -> Result<Vec<String>, wit::ConfigError> {
@@ -25,80 +29,55 @@ impl Guest for Component {
         thereabouts_allocator::normalize(&network_config, flat_file.as_deref(), &cni_args).map(|c| config_to_wit(&c)).map_err(error_to_wit)
     }
 
-    fn plan(range: wit::NormalizedRange, pool: wit::PoolSnapshot, req: wit::Request) -> wit::PlanOutcome {
-        match range_from_wit(range) {
-            Ok(range) => outcome_to_wit(planner::plan(&range, &pool_from_wit(pool), &request_from_wit(req))),
-            Err(e) => wit::PlanOutcome::Rejected(e.message),
-        }
+    // `config` comes back from the host: one the engine did not produce can fail
+    // to convert (its ranges do not validate), answered in each function's own
+    // failure shape.
+
+    fn warnings(config: wit::NormalizedConfig) -> Result<Vec<wit::ConfigWarning>, wit::ConfigError> {
+        let config = config_from_wit(config).map_err(error_to_wit)?;
+        Ok(warnings::warnings(&config).into_iter().map(warning_to_wit).collect())
     }
 
-    fn plan_all(config: wit::NormalizedConfig, pools: Vec<wit::PoolSnapshot>, req: wit::Request) -> Result<Vec<wit::PlanOutcome>, wit::PlanOutcome> {
-        let config = config_from_wit(config).map_err(|e| wit::PlanOutcome::Rejected(e.message))?;
-        let pools: Vec<_> = pools.into_iter().map(pool_from_wit).collect();
-        planner::plan_all(&config, &pools, &request_from_wit(req))
+    fn plan_all(
+        config: wit::NormalizedConfig,
+        pools: Vec<wit::PoolState>,
+        reservations: wit::Reservations,
+        req: wit::Request,
+    ) -> Result<Vec<wit::PlanOutcome>, wit::PlanFailure> {
+        let config = config_from_wit(config).map_err(|e| wit::PlanFailure::Rejected(e.message))?;
+        planner::plan_all(&config, &pools_from_wit(pools), reservations_from_wit(reservations), &request_from_wit(req))
             .map(|outcomes| outcomes.into_iter().map(outcome_to_wit).collect())
-            .map_err(outcome_to_wit)
+            .map_err(failure_to_wit)
     }
 
-    fn release(allocations: Vec<wit::Allocation>, container_id: String, ifname: String) -> Vec<u32> {
+    fn release(
+        config: wit::NormalizedConfig,
+        pool: String,
+        allocations: Vec<wit::Allocation>,
+        attachments: Vec<wit::Attachment>,
+    ) -> Result<Vec<wit::Released>, wit::ConfigError> {
+        let config = config_from_wit(config).map_err(error_to_wit)?;
         let allocations: Vec<_> = allocations.into_iter().map(allocation_from_wit).collect();
-        planner::release(&allocations, &container_id, &ifname)
+        let attachments: Vec<_> = attachments.into_iter().map(attachment_from_wit).collect();
+        Ok(planner::release(&config, &pool, &allocations, &attachments).into_iter().map(released_to_wit).collect())
     }
 
-    fn pool_name(cidr: String, network_name: String) -> Result<String, wit::ConfigError> {
-        naming::pool_name(&cidr, &network_name).map_err(error_to_wit)
+    fn usage(config: wit::NormalizedConfig, pools: Vec<wit::PoolState>) -> Result<Vec<wit::RangeUsage>, wit::ConfigError> {
+        let config = config_from_wit(config).map_err(error_to_wit)?;
+        Ok(pools::usage(&config, &pools_from_wit(pools)).into_iter().map(usage_to_wit).collect())
     }
 
-    fn reservation_name(ip: String, network_name: String) -> Result<String, wit::ConfigError> {
-        naming::reservation_name(&ip, &network_name).map_err(error_to_wit)
-    }
-
-    fn address_at(range: wit::NormalizedRange, offset: wit::Offset) -> Result<String, wit::ConfigError> {
-        let range = range_from_wit(range).map_err(error_to_wit)?;
-        let offset = from_offset(offset);
-        planner::address_at(&range, offset)
-            .map(ip::format_ip)
-            .ok_or_else(|| error_to_wit(error::ConfigError::invalid("offset", format!("offset {offset} is outside {}", range.cidr))))
-    }
-
-    fn offset_of(range: wit::NormalizedRange, ip_text: String) -> Result<wit::Offset, wit::ConfigError> {
-        let range = range_from_wit(range).map_err(error_to_wit)?;
-        let ip = ip::parse_ip_sloppy(&ip_text).ok_or_else(|| error_to_wit(error::ConfigError::invalid("ip", format!("invalid IP address {ip_text:?}"))))?;
-        planner::offset_of(&range, ip)
-            .map(to_offset)
-            .ok_or_else(|| error_to_wit(error::ConfigError::invalid("ip", format!("{ip_text} is outside {}", range.cidr))))
-    }
-
-    fn preview_table(config: wit::NormalizedConfig, pools: Vec<wit::PoolSnapshot>, pods: u32) -> wit::PodTable {
-        let failed = |message: String| wit::PodTable {
-            served: 0,
-            addresses: String::new(),
-            offsets_high: Vec::new(),
-            offsets_low: Vec::new(),
-            failure: Some(wit::PreviewFailure { range_index: 0, exhausted: message.clone(), rejected: message }),
-        };
-        let config = match config_from_wit(config) {
-            Ok(config) => config,
-            Err(e) => return failed(e.message),
-        };
-        let pools: Vec<_> = pools.into_iter().map(pool_from_wit).collect();
-        let table = planner::preview_table(&config, &pools, pods);
-        wit::PodTable {
-            served: table.served,
-            addresses: table.addresses,
-            offsets_high: table.offsets.iter().map(|&o| (o >> 64) as u64).collect(),
-            offsets_low: table.offsets.iter().map(|&o| o as u64).collect(),
-            failure: table.failure.map(|f| wit::PreviewFailure { range_index: f.range_index, exhausted: f.exhausted, rejected: f.rejected }),
+    fn preview(config: wit::NormalizedConfig, pools: Vec<wit::PoolState>, pods: u32) -> wit::PodTable {
+        match config_from_wit(config) {
+            Ok(config) => table_to_wit(planner::preview(&config, &pools_from_wit(pools), pods)),
+            Err(e) => wit::PodTable {
+                served: 0,
+                addresses: String::new(),
+                offsets_high: Vec::new(),
+                offsets_low: Vec::new(),
+                failure: Some(wit::PreviewFailure { range_index: 0, exhausted: e.message.clone(), rejected: e.message }),
+            },
         }
-    }
-
-    fn preview(config: wit::NormalizedConfig, pools: Vec<wit::PoolSnapshot>, pods: u32) -> Vec<Vec<wit::PlanOutcome>> {
-        let config = match config_from_wit(config) {
-            Ok(config) => config,
-            Err(e) => return vec![vec![wit::PlanOutcome::Rejected(e.message)]],
-        };
-        let pools: Vec<_> = pools.into_iter().map(pool_from_wit).collect();
-        planner::preview(&config, &pools, pods).into_iter().map(|pod| pod.into_iter().map(outcome_to_wit).collect()).collect()
     }
 }
 

@@ -247,14 +247,12 @@ fn status(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normaliz
     require_version(config, Command::Status, "1.1.0")?;
     let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
     store.check_usable().map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
-    let pools = ipam::snapshots(store, config).map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
+    let pools = ipam::pool_states(store, config).map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
     let next = engine.preview(config, &pools, 1).map_err(EngineFailure)?;
-    for (range, outcome) in config.ranges.iter().zip(next.first().map(Vec::as_slice).unwrap_or_default()) {
-        if outcome.assignment().is_none() {
-            return Err(unavailable(format!("no free address in range {} (pool {})", range.cidr, range.pool_name)));
-        }
+    match next.failure.and_then(|f| config.ranges.get(f.range_index as usize)) {
+        Some(range) => Err(unavailable(format!("no free address in range {} (pool {})", range.cidr, range.pool_name))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -126,7 +126,6 @@ impl From<IpamError> for CniError {
         match e {
             IpamError::Datastore(e) => e.into(),
             IpamError::Engine(e) => e.into(),
-            IpamError::Refused(e) => e.into(),
             IpamError::Unplaceable { .. } | IpamError::EngineAnswer { .. } => CniError::new(code::INTERNAL, e.to_string()),
         }
     }
@@ -160,7 +159,7 @@ mod tests {
 
     #[test]
     fn config_errors_keep_their_code() {
-        let e: CniError = ConfigError::new(1, "cniVersion", "incompatible").into();
+        let e: CniError = ConfigError::new(thereabouts_allocator::error::code::INCOMPATIBLE_VERSION, "cniVersion", "incompatible").into();
         assert_eq!((e.code, e.msg.as_str(), e.details.as_str()), (1, "incompatible", "field: cniVersion"));
     }
 }
