@@ -140,7 +140,7 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Resu
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
     let pools = if from_datastore {
-        let store = datastore::open(&config.datastore).map_err(cni_error)?;
+        let store = datastore::open(&config.datastore, &config.name).map_err(cni_error)?;
         ipam::snapshots(store.as_ref(), &config).map_err(cni_error)?
     } else {
         Vec::new()
@@ -187,7 +187,7 @@ pub struct PoolUsage {
 fn pools(path: &Path, output: Output) -> Result<()> {
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
-    let store = datastore::open(&config.datastore).map_err(cni_error)?;
+    let store = datastore::open(&config.datastore, &config.name).map_err(cni_error)?;
     let usage = ipam::usage(store.as_ref(), &config).map_err(cni_error)?;
     let report = PoolsReport {
         datastore: store.describe(),

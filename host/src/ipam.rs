@@ -268,8 +268,15 @@ pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normal
     Ok(found)
 }
 
-/// GC: removes every entry of the config's pools whose (container ID, ifname) is
-/// not a valid attachment. Returns the removed entries with their pools.
+/// GC: removes every entry of the config's pools that this network created and
+/// whose (container ID, ifname) is not a valid attachment. Returns the removed
+/// entries with their pools.
+///
+/// Only this network's own entries: networks on the same range without distinct
+/// `network_name`s share a pool, and the valid attachments are those of the
+/// calling network alone, so another network's live entries would look like
+/// garbage. An entry whose creator is unknown (written before the file store
+/// recorded it) is never freed on a guess; its DEL frees it.
 ///
 /// Only for stores this node alone writes: CNI GC lists the attachments of this
 /// node's runtime, and in a store shared by every node (Kubernetes) the other
@@ -293,8 +300,10 @@ pub fn collect_garbage(
         let mut changes = Changes::new();
         let mut removed = Vec::new();
         for pool in &pools {
-            for entry in loaded.get(&pool.name).map(|p| p.entries.as_slice()).unwrap_or_default() {
-                if !valid.contains(&(entry.container_id.clone(), entry.ifname.clone())) {
+            let Some(read) = loaded.get(&pool.name) else { continue };
+            for entry in &read.entries {
+                let ours = read.created_by.get(&entry.offset).is_some_and(|n| *n == config.name);
+                if ours && !valid.contains(&(entry.container_id.clone(), entry.ifname.clone())) {
                     changes.push(pool.clone(), Change::Remove { offset: entry.offset });
                     if reserving && let Some(name) = entry_reservation(engine, config, pool, entry.offset)? {
                         changes.push(pool.clone(), Change::Unreserve { name, holder: entry.clone() });
@@ -384,7 +393,7 @@ mod tests {
         changes.push(pool("a"), Change::Remove { offset: 2 });
         changes.push(pool("b"), Change::Remove { offset: 3 });
         let mut read = BTreeMap::new();
-        read.insert("b".to_string(), Pool { version: Version("7".into()), entries: Vec::new() });
+        read.insert("b".to_string(), Pool { version: Version("7".into()), ..Pool::default() });
         let updates = changes.into_updates(&read);
         assert_eq!(updates.len(), 2);
         assert_eq!((updates[0].pool.name.as_str(), updates[0].expected.clone(), updates[0].changes.len()), ("b", Version("7".into()), 2));

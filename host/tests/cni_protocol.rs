@@ -241,7 +241,7 @@ fn add_is_idempotent_per_pod_and_interface() {
     // now names the new container.
     assert_eq!(addresses(&add(&config, "c1-new", "web-0").ok().json()), ["192.0.2.1/24", "2001:db8::1/64"]);
     let pool = pool_doc(&scratch.data(), "192.0.2.0-24");
-    assert_eq!(pool["allocations"]["1"], json!({"id": "c1-new", "podref": "default/web-0", "ifname": "eth0"}));
+    assert_eq!(pool["allocations"]["1"], json!({"id": "c1-new", "podref": "default/web-0", "ifname": "eth0", "network": "testnet"}));
     assert_eq!(pool["allocations"].as_object().unwrap().len(), 2);
     // The old container's DEL no longer matches anything.
     del(&config, "c1").ok();
@@ -307,6 +307,32 @@ fn gc_frees_attachments_that_are_not_valid() {
     }
     // The freed lowest address is handed out again.
     assert_eq!(addresses(&add(&config, "c4", "p4").ok().json())[0], "192.0.2.1/24");
+}
+
+/// Two networks on one range without distinct `network_name`s share its pool.
+/// Each network's GC frees only the entries that network created, and no GC
+/// frees an entry of unknown origin (as written before the network was recorded).
+#[test]
+fn gc_frees_only_the_calling_networks_entries() {
+    let scratch = Scratch::new("gc-networks");
+    let ipam = json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(), "range": "192.0.2.0/24"});
+    let config = |name: &str| json!({"cniVersion": "1.1.0", "name": name, "type": "bridge", "ipam": ipam}).to_string();
+    let (a, b) = (config("net-a"), config("net-b"));
+    std::fs::create_dir_all(scratch.data()).unwrap();
+    seed_pool(&scratch.data(), "192.0.2.0-24", 1, &json!({"range": "192.0.2.0/24", "allocations": {"9": {"id": "old", "podref": "default/old", "ifname": "eth0"}}}));
+    add(&a, "c1", "p1").ok();
+    assert_eq!(addresses(&add(&b, "c2", "p2").ok().json()), ["192.0.2.2/24"]);
+    let gc = |config: &str| {
+        let mut doc: Value = serde_json::from_str(config).unwrap();
+        doc["cni.dev/valid-attachments"] = json!([]);
+        run(&[("CNI_COMMAND", "GC"), ("CNI_PATH", "/opt/cni/bin")], &doc.to_string()).ok();
+        let allocations = pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"].clone();
+        allocations.as_object().unwrap().values().map(|e| e["id"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(gc(&a), ["c2", "old"]);
+    // B's next pod gets the address A freed, not pod 2's.
+    assert_eq!(addresses(&add(&b, "c3", "p3").ok().json()), ["192.0.2.1/24"]);
+    assert_eq!(gc(&b), ["old"]);
 }
 
 #[test]

@@ -5,8 +5,12 @@
 //! - `<pool>.pool`: one pool, in two slots that are overwritten alternately (see
 //!   [`super::pool_file`]). Each slot holds a version number and the pool shaped
 //!   like an `IPPool` spec: `{"range": "192.0.2.0/24", "allocations": {"1":
-//!   {"id", "podref", "ifname"}}}` (keys are decimal offsets from the network
-//!   address, as in whereabouts).
+//!   {"id", "podref", "ifname", "network"}}}` (keys are decimal offsets from the
+//!   network address, as in whereabouts). `network` is the CNI `name` of the
+//!   network whose ADD created the entry (or last adopted it for a new
+//!   container): networks on the same range without distinct `network_name`s
+//!   share the pool, and a network's GC frees only its own entries. Entries
+//!   written before it was recorded have none, and GC never frees them.
 //! - `<pool>.lock`: the pool's inter-process lock (`flock`), kept forever.
 //! - `.<pool>.pool.tmp`: a new, larger file being built when a pool outgrows its
 //!   slots; only the lock holder writes it, so one left behind is a crashed
@@ -64,6 +68,8 @@ enum PoolWrite {
 
 pub struct FileStore {
     dir: PathBuf,
+    /// The CNI network of this call, recorded on the entries it writes.
+    network: String,
     held: Arc<Mutex<HeldState>>,
 }
 
@@ -75,8 +81,9 @@ pub struct FileStore {
 type HeldState = BTreeMap<String, Option<(OnDisk, Pool)>>;
 
 impl FileStore {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), held: Arc::default() }
+    /// The store in `dir`, writing on behalf of the CNI network `network`.
+    pub fn new(dir: impl Into<PathBuf>, network: &str) -> Self {
+        Self { dir: dir.into(), network: network.to_string(), held: Arc::default() }
     }
 
     /// Keeps what `load` read of a pool whose lock we hold, for `commit`.
@@ -181,9 +188,9 @@ impl FileStore {
                 return Err(corrupt(format!("{len} bytes is not a pool file size")));
             };
             if let Some(slot) = pool_file::read_newest(&file, len).map_err(io)? {
-                let entries = decode(&path, &slot.payload, pool)?;
+                let (entries, created_by) = decode(&path, &slot.payload, pool)?;
                 let on_disk = OnDisk { file, slot_size, current_slot: slot.index, version: slot.version };
-                return Ok(Some((on_disk, Pool { version: Version(slot.version.to_string()), entries })));
+                return Ok(Some((on_disk, Pool { version: Version(slot.version.to_string()), entries, created_by })));
             }
         }
         Err(DatastoreError::Corrupt { path, detail: "neither slot holds an intact version".into() })
@@ -251,8 +258,8 @@ impl Datastore for FileStore {
             if version != update.expected {
                 return Err(DatastoreError::Conflict { pool: update.pool.name.clone() });
             }
-            let entries = apply(&update.pool.name, current.as_ref().map(|(_, p)| p.entries.clone()).unwrap_or_default(), &update.changes)?;
-            let payload = encode(&update.pool, &entries);
+            let stored = apply(&update.pool.name, current.as_ref().map(|(_, p)| p.clone()).unwrap_or_default(), &update.changes, &self.network)?;
+            let payload = encode(&update.pool, &stored);
             writes.push(match current {
                 Some((disk, _)) if pool_file::fits(disk.slot_size, payload.len()) => {
                     PoolWrite::Slot { index: 1 - disk.current_slot, version: disk.version + 1, file: disk.file, slot_size: disk.slot_size, payload }
@@ -331,33 +338,53 @@ impl Drop for HeldPools {
     }
 }
 
-fn apply(pool: &str, entries: Vec<Allocation>, changes: &[Change]) -> Result<BTreeMap<u128, Allocation>, DatastoreError> {
-    let mut by_offset: BTreeMap<u128, Allocation> = entries.into_iter().map(|a| (a.offset, a)).collect();
-    let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: pool.to_string(), detail };
+/// A pool's entries by offset, with the network that created each, if known.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Stored {
+    entries: BTreeMap<u128, Allocation>,
+    created_by: BTreeMap<u128, String>,
+}
+
+/// `pool` after `changes` made on behalf of the CNI network `network`: an entry
+/// it inserts, or adopts for a new container, is recorded as that network's.
+fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &str) -> Result<Stored, DatastoreError> {
+    let mut stored = Stored { entries: pool.entries.into_iter().map(|a| (a.offset, a)).collect(), created_by: pool.created_by };
+    let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: pool_name.to_string(), detail };
+    let record = |created_by: &mut BTreeMap<u128, String>, offset: u128| {
+        if !network.is_empty() {
+            created_by.insert(offset, network.to_string());
+        }
+    };
     for change in changes {
         match change {
             Change::Insert(allocation) => {
-                if by_offset.contains_key(&allocation.offset) {
+                if stored.entries.contains_key(&allocation.offset) {
                     return Err(inconsistent(format!("offset {} is already allocated", allocation.offset)));
                 }
-                by_offset.insert(allocation.offset, allocation.clone());
+                stored.entries.insert(allocation.offset, allocation.clone());
+                record(&mut stored.created_by, allocation.offset);
             }
             Change::Remove { offset } => {
-                by_offset.remove(offset);
+                stored.entries.remove(offset);
+                stored.created_by.remove(offset);
             }
-            Change::SetContainerId { offset, container_id } => match by_offset.get_mut(offset) {
-                Some(entry) => entry.container_id = container_id.clone(),
+            Change::SetContainerId { offset, container_id } => match stored.entries.get_mut(offset) {
+                Some(entry) => {
+                    entry.container_id = container_id.clone();
+                    record(&mut stored.created_by, *offset);
+                }
                 None => return Err(inconsistent(format!("no allocation at offset {offset} to update"))),
             },
             // Node-local: no cluster-wide reservations to keep.
             Change::Reserve { .. } | Change::Unreserve { .. } => {}
         }
     }
-    Ok(by_offset)
+    Ok(stored)
 }
 
 /// A pool as stored: the `IPPool` spec shape, `{"range": ..., "allocations":
-/// {"<decimal offset>": {"id", "podref", "ifname"}}}`, keys in numeric order.
+/// {"<decimal offset>": {"id", "podref", "ifname", "network"}}}`, keys in
+/// numeric order (`network` only where known; see the module documentation).
 /// Typed (strings borrowed from the file where they need no unescaping) rather
 /// than a `serde_json::Value`: a DEL of a 100-entry pool spent most of its time
 /// building and hashing generic maps.
@@ -377,27 +404,41 @@ struct EntryDoc<'a> {
     podref: Cow<'a, str>,
     #[serde(borrow, default)]
     ifname: Cow<'a, str>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    network: Option<Cow<'a, str>>,
 }
 
-fn encode(pool: &PoolId, entries: &BTreeMap<u128, Allocation>) -> Vec<u8> {
-    let allocations = entries
+fn encode(pool: &PoolId, stored: &Stored) -> Vec<u8> {
+    let allocations = stored
+        .entries
         .iter()
-        .map(|(&offset, a)| (offset, EntryDoc { id: Cow::Borrowed(&a.container_id), podref: Cow::Borrowed(&a.pod_ref), ifname: Cow::Borrowed(&a.ifname) }))
+        .map(|(&offset, a)| {
+            let network = stored.created_by.get(&offset).map(|n| Cow::Borrowed(n.as_str()));
+            (offset, EntryDoc { id: Cow::Borrowed(&a.container_id), podref: Cow::Borrowed(&a.pod_ref), ifname: Cow::Borrowed(&a.ifname), network })
+        })
         .collect();
     crate::cni::result::pretty(&PoolDoc { range: Cow::Borrowed(&pool.cidr), allocations }).into_bytes()
 }
 
-fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Vec<Allocation>, DatastoreError> {
+/// The entries of a stored pool, and the network that created each where known.
+fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<(Vec<Allocation>, BTreeMap<u128, String>), DatastoreError> {
     let corrupt = |detail: String| DatastoreError::Corrupt { path: path.to_path_buf(), detail };
     let doc: PoolDoc = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a pool document ({{\"range\", \"allocations\": {{decimal offset: entry}}}}): {e}")))?;
     if doc.range != pool.cidr {
         return Err(corrupt(format!("holds range {}, expected {}", doc.range, pool.cidr)));
     }
-    Ok(doc
+    let mut created_by = BTreeMap::new();
+    let entries = doc
         .allocations
         .into_iter()
-        .map(|(offset, e)| Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() })
-        .collect())
+        .map(|(offset, e)| {
+            if let Some(network) = e.network {
+                created_by.insert(offset, network.into_owned());
+            }
+            Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() }
+        })
+        .collect();
+    Ok((entries, created_by))
 }
 
 /// `fdatasync` of every written pool file, one after the other: data-only
@@ -433,7 +474,7 @@ mod tests {
     #[test]
     fn missing_directory_reads_as_empty_pools_and_is_created_on_commit() {
         let dir = temp_dir("create");
-        let store = FileStore::new(dir.join("nested"));
+        let store = FileStore::new(dir.join("nested"), "net");
         let p = pool("192.0.2.0-24", "192.0.2.0/24");
         assert_eq!(store.load(&p).unwrap(), Pool::default());
         let update = PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] };
@@ -445,14 +486,35 @@ mod tests {
         assert_eq!(version, 1);
         let doc: serde_json::Value = serde_json::from_slice(&payload).unwrap();
         assert_eq!(doc["range"], "192.0.2.0/24");
-        assert_eq!(doc["allocations"]["1"], serde_json::json!({"id": "c1", "podref": "ns/p", "ifname": "eth0"}));
+        assert_eq!(doc["allocations"]["1"], serde_json::json!({"id": "c1", "podref": "ns/p", "ifname": "eth0", "network": "net"}));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn entries_record_the_network_that_created_or_adopted_them() {
+        let dir = temp_dir("networks");
+        fs::create_dir_all(&dir).unwrap();
+        let p = pool("p", "192.0.2.0/24");
+        // As written before the network was recorded: no creator.
+        let old = br#"{"range": "192.0.2.0/24", "allocations": {"7": {"id": "o7", "podref": "ns/q", "ifname": "eth0"}, "8": {"id": "o8", "podref": "ns/r", "ifname": "eth0"}}}"#;
+        pool_file::write_path(&dir.join("p.pool"), 1, old).unwrap();
+        let (a, b) = (FileStore::new(&dir, "net-a"), FileStore::new(&dir, "net-b"));
+        assert!(a.load(&p).unwrap().created_by.is_empty());
+        a.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(1, "c1"))] }], soon()).unwrap();
+        let adopt = Change::SetContainerId { offset: 8, container_id: "c8".into() };
+        b.commit(&[PoolUpdate { pool: p.clone(), expected: Version("2".into()), changes: vec![Change::Insert(alloc(2, "c2")), adopt] }], soon()).unwrap();
+        let created_by = |pairs: &[(u128, &str)]| pairs.iter().map(|&(o, n)| (o, n.to_string())).collect::<BTreeMap<_, _>>();
+        assert_eq!(a.load(&p).unwrap().created_by, created_by(&[(1, "net-a"), (2, "net-b"), (8, "net-b")]));
+        b.commit(&[PoolUpdate { pool: p.clone(), expected: Version("3".into()), changes: vec![Change::Remove { offset: 1 }] }], soon()).unwrap();
+        let loaded = b.load(&p).unwrap();
+        assert_eq!((loaded.entries.len(), loaded.created_by), (3, created_by(&[(2, "net-b"), (8, "net-b")])));
         fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn stale_versions_conflict_and_change_nothing() {
         let dir = temp_dir("conflict");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let a = pool("a", "192.0.2.0/24");
         let b = pool("b", "198.51.100.0/24");
         store.commit(&[PoolUpdate { pool: b.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(5, "x"))] }], soon()).unwrap();
@@ -471,7 +533,7 @@ mod tests {
     #[test]
     fn a_commit_under_the_lock_uses_what_load_read_and_only_while_locked() {
         let dir = temp_dir("remembered");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         // Under the lock: load, then commit against that read.
@@ -485,7 +547,7 @@ mod tests {
         let lock = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
         let v2 = store.load(&p).unwrap().version;
         drop(lock);
-        let other = FileStore::new(&dir);
+        let other = FileStore::new(&dir, "net");
         other.commit(&[PoolUpdate { pool: p.clone(), expected: v2.clone(), changes: vec![Change::Insert(alloc(3, "c"))] }], soon()).unwrap();
         let stale = PoolUpdate { pool: p.clone(), expected: v2, changes: vec![Change::Insert(alloc(4, "d"))] };
         assert!(matches!(store.commit(&[stale], soon()), Err(DatastoreError::Conflict { .. })));
@@ -496,19 +558,22 @@ mod tests {
     #[test]
     fn pool_documents_round_trip_and_malformed_ones_are_corrupt() {
         let p = pool("p", "2001:db8::/64");
-        let entries: BTreeMap<u128, Allocation> = [alloc(u128::from(u64::MAX) + 7, "x\"y"), alloc(2, "b")].into_iter().map(|a| (a.offset, a)).collect();
-        let bytes = encode(&p, &entries);
+        let wide = u128::from(u64::MAX) + 7;
+        let entries: BTreeMap<u128, Allocation> = [alloc(wide, "x\"y"), alloc(2, "b")].into_iter().map(|a| (a.offset, a)).collect();
+        let created_by = BTreeMap::from([(wide, "net-a".to_string())]);
+        let bytes = encode(&p, &Stored { entries: entries.clone(), created_by: created_by.clone() });
         let text = String::from_utf8(bytes.clone()).unwrap();
         // Keys in numeric order, as decimal strings; the shape of an IPPool spec.
         assert!(text.find("\"2\"").unwrap() < text.find("\"18446744073709551622\"").unwrap(), "{text}");
         let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(doc["allocations"]["2"], serde_json::json!({"id": "b", "podref": "ns/p", "ifname": "eth0"}));
         let path = Path::new("/x/p.pool");
-        assert_eq!(decode(path, &bytes, &p).unwrap(), entries.into_values().collect::<Vec<_>>());
+        assert_eq!(doc["allocations"][wide.to_string()]["network"], "net-a");
+        assert_eq!(decode(path, &bytes, &p).unwrap(), (entries.into_values().collect::<Vec<_>>(), created_by));
         // Missing fields read as empty; no allocations at all is an empty pool.
         let sparse = br#"{"range": "2001:db8::/64", "allocations": {"5": {"id": "c"}}}"#;
-        assert_eq!(decode(path, sparse, &p).unwrap(), vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]);
-        assert_eq!(decode(path, br#"{"range": "2001:db8::/64"}"#, &p).unwrap(), vec![]);
+        assert_eq!(decode(path, sparse, &p).unwrap().0, vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]);
+        assert_eq!(decode(path, br#"{"range": "2001:db8::/64"}"#, &p).unwrap(), (vec![], BTreeMap::new()));
         for bad in [&br#"{"range": "2001:db8::/64", "allocations": []}"#[..], br#"{"range": "2001:db8::/64", "allocations": {"x": {}}}"#, br#"{"allocations": {}}"#, b"{", br#"{"range": "192.0.2.0/24"}"#] {
             assert!(matches!(decode(path, bad, &p), Err(DatastoreError::Corrupt { .. })), "{}", String::from_utf8_lossy(bad));
         }
@@ -517,7 +582,7 @@ mod tests {
     #[test]
     fn changes_apply_in_order() {
         let dir = temp_dir("changes");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a")), Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
         let v = store.load(&p).unwrap().version;
@@ -532,7 +597,7 @@ mod tests {
     #[test]
     fn a_held_lock_times_out() {
         let dir = temp_dir("lock");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         store.ensure_dir().unwrap();
         let held = store.lock("p", soon()).unwrap();
         let update = PoolUpdate { pool: pool("p", "192.0.2.0/24"), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] };
@@ -545,7 +610,7 @@ mod tests {
     #[test]
     fn commit_under_its_own_update_lock_does_not_wait_for_itself() {
         let dir = temp_dir("ownlock");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         let guard = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
@@ -560,13 +625,13 @@ mod tests {
     #[test]
     fn a_second_writer_queues_behind_the_update_lock_and_then_proceeds() {
         let dir = temp_dir("queue");
-        let first = FileStore::new(&dir);
+        let first = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         first.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         let guard = first.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
         let (dir2, p2) = (dir.clone(), p.clone());
         let second = std::thread::spawn(move || {
-            let store = FileStore::new(&dir2);
+            let store = FileStore::new(&dir2, "net");
             let started = Instant::now();
             let _lock = store.lock_for_update(std::slice::from_ref(&p2), Instant::now() + Duration::from_secs(5)).unwrap();
             started.elapsed()
@@ -577,7 +642,7 @@ mod tests {
         assert!(waited >= Duration::from_millis(90), "the second writer must wait for the first ({waited:?})");
         // And a writer that cannot get it in time reports a timeout, not a hang.
         let _guard = first.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
-        let other = FileStore::new(&dir);
+        let other = FileStore::new(&dir, "net");
         assert!(matches!(other.lock_for_update(&[p], Instant::now() + Duration::from_millis(30)), Err(DatastoreError::Timeout { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
@@ -587,9 +652,9 @@ mod tests {
         let dir = temp_dir("notdir");
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("f"), b"x").unwrap();
-        let store = FileStore::new(dir.join("f"));
+        let store = FileStore::new(dir.join("f"), "net");
         assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
-        let nested = FileStore::new(dir.join("f/sub"));
+        let nested = FileStore::new(dir.join("f/sub"), "net");
         assert!(matches!(nested.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
@@ -599,7 +664,7 @@ mod tests {
         let dir = temp_dir("corrupt");
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("p.pool"), b"{\"range\":").unwrap();
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
@@ -608,7 +673,7 @@ mod tests {
     fn commits_overwrite_the_spare_slot_in_place_until_the_pool_outgrows_it() {
         use std::os::unix::fs::MetadataExt;
         let dir = temp_dir("slots");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         let path = dir.join("p.pool");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
@@ -636,7 +701,7 @@ mod tests {
     fn a_torn_slot_reads_as_the_previous_version() {
         use std::os::unix::fs::FileExt;
         let dir = temp_dir("tornslot");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
@@ -660,7 +725,7 @@ mod tests {
         let dir = temp_dir("foreign");
         fs::create_dir_all(&dir).unwrap();
         pool_file::write_path(&dir.join("p.pool"), 3, br#"{"range": "198.51.100.0/24", "allocations": {}}"#).unwrap();
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
         assert_eq!(store.load(&pool("p", "198.51.100.0/24")).unwrap().version, Version("3".into()));
         fs::remove_dir_all(dir).unwrap();
