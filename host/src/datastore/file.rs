@@ -12,6 +12,8 @@
 //!   share the pool, and a network's GC frees only its own entries. Entries
 //!   written before it was recorded have none, and GC never frees them.
 //! - `<pool>.lock`: the pool's inter-process lock (`flock`), kept forever.
+//! - `.reservations[-<network_name>].lock`: the lock of a `network_name`'s
+//!   reservations (below), kept forever.
 //! - `.<pool>.pool.tmp`: a new, larger file being built when a pool outgrows its
 //!   slots; only the lock holder writes it, so one left behind is a crashed
 //!   writer's and the next writer truncates it.
@@ -27,9 +29,23 @@
 //! given twice; the ADD never reported success, so the runtime sends DEL (which
 //! releases the entries in every pool) or retries the ADD (which finds and reuses
 //! the partial entries, keyed by pod and interface); GC removes them otherwise.
+//!
+//! Overlapping ranges (`enable_overlapping_ranges`, the default): an address
+//! that a pool of the same `network_name` with an overlapping range holds is
+//! reserved, as the Kubernetes and etcd stores reserve it with one object per
+//! address. Those pools are the reservations (see [`super::file_overlap`]): no
+//! second record, so no crash can separate an entry from its reservation. A
+//! commit that reserves ([`Change::Reserve`]) takes the `network_name`'s
+//! reservations lock after its pool locks, reads the overlapping pools, and
+//! writes its new versions before letting go; so of two commits racing for one
+//! address in two pools, the second sees the first's entry. It then fails with
+//! [`DatastoreError::Reserved`] and records every address those pools hold as
+//! [`reserved`](Datastore::reserved), and the retry plans around them. The lock
+//! goes before the flushes: a later commit that sees a version not yet durable
+//! only avoids an address that a power cut may free again.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -41,6 +57,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use thereabouts_allocator::model::Allocation;
 
+use super::file_overlap::{Scoped, same_range};
 use super::pool_file;
 use super::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 
@@ -71,6 +88,9 @@ pub struct FileStore {
     /// The CNI network of this call, recorded on the entries it writes.
     network: String,
     held: Arc<Mutex<HeldState>>,
+    /// Offsets of each pool (by name) that a commit found held by an
+    /// overlapping pool of the same `network_name`: planned around from then on.
+    reserved: Mutex<BTreeMap<String, BTreeSet<u128>>>,
 }
 
 /// Pools whose lock this process holds through `lock_for_update`, each with the
@@ -83,7 +103,7 @@ type HeldState = BTreeMap<String, Option<(OnDisk, Pool)>>;
 impl FileStore {
     /// The store in `dir`, writing on behalf of the CNI network `network`.
     pub fn new(dir: impl Into<PathBuf>, network: &str) -> Self {
-        Self { dir: dir.into(), network: network.to_string(), held: Arc::default() }
+        Self { dir: dir.into(), network: network.to_string(), held: Arc::default(), reserved: Mutex::default() }
     }
 
     /// Keeps what `load` read of a pool whose lock we hold, for `commit`.
@@ -117,6 +137,10 @@ impl FileStore {
     fn temp_path(&self, name: &str) -> PathBuf {
         self.dir.join(format!(".{name}.pool.tmp"))
     }
+    /// The lock of a `network_name`'s reservations (hidden: no pool name starts with a dot).
+    fn reservations_lock_path(&self, scope: &str) -> PathBuf {
+        self.dir.join(if scope.is_empty() { ".reservations.lock".to_string() } else { format!(".reservations-{scope}.lock") })
+    }
 
     /// Whether `data_dir` exists (a missing one holds empty pools).
     fn dir_exists(&self) -> Result<bool, DatastoreError> {
@@ -141,35 +165,103 @@ impl FileStore {
 
     /// Takes the pool's lock, waiting until `deadline` at the latest.
     fn lock(&self, name: &str, deadline: Instant) -> Result<File, DatastoreError> {
-        let path = self.lock_path(name);
-        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| DatastoreError::io(&path, e))?;
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(TryLockError::WouldBlock) => {}
-            Err(TryLockError::Error(e)) => return Err(DatastoreError::io(&path, e)),
+        lock_file(self.lock_path(name), &format!("pool {name}"), deadline)
+    }
+
+    /// The names of the pools in `data_dir`.
+    fn pool_names(&self) -> Result<Vec<String>, DatastoreError> {
+        let io = |e| DatastoreError::io(&self.dir, e);
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(io)? {
+            let file_name = entry.map_err(io)?.file_name();
+            if let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".pool")).filter(|n| !n.starts_with('.')) {
+                names.push(name.to_string());
+            }
         }
-        // Wait in the kernel's queue (a blocking flock) rather than polling: a
-        // poller loses every race to luckier processes and can starve for seconds
-        // under a burst. The wait happens on a helper thread so the deadline holds;
-        // a thread still waiting at the deadline dies with the process.
-        let waiter = file.try_clone().map_err(|e| DatastoreError::io(&path, e))?;
-        let (done, outcome) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = done.send(waiter.lock());
-        });
-        let timeout = || DatastoreError::Timeout { what: format!("locking pool {name} ({})", path.display()) };
-        match outcome.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            // The lock belongs to the open file description, shared with `file`.
-            Ok(Ok(())) => Ok(file),
-            Ok(Err(e)) => Err(DatastoreError::io(&path, e)),
-            Err(_) => Err(timeout()),
+        Ok(names)
+    }
+
+    /// Refuses a commit that reserves an address an overlapping pool of the
+    /// same `network_name` holds ([`DatastoreError::Reserved`], with everything
+    /// those pools hold now among [`reserved`](Datastore::reserved)). `read`
+    /// holds the commit's updates with their pools as read under their locks.
+    /// Returns the reservations locks, to hold until the new versions are in place.
+    fn check_reservations(&self, read: &[(&PoolUpdate, Option<(OnDisk, Pool)>)], deadline: Instant) -> Result<Vec<File>, DatastoreError> {
+        let mut reserving = Vec::new();
+        for (update, _) in read {
+            let holders: Vec<(&str, u128)> = update
+                .changes
+                .iter()
+                .filter_map(|c| match c {
+                    Change::Reserve { name, holder } => Some((name.as_str(), holder.offset)),
+                    _ => None,
+                })
+                .collect();
+            if holders.is_empty() {
+                continue;
+            }
+            let scoped = Scoped::of(&update.pool).ok_or_else(|| DatastoreError::Inconsistent {
+                pool: update.pool.name.clone(),
+                detail: format!("not the pool name of range {} under any network_name", update.pool.cidr),
+            })?;
+            reserving.push((update, scoped, holders));
         }
+        if reserving.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut scopes: Vec<&str> = reserving.iter().map(|(_, scoped, _)| scoped.scope.as_str()).collect();
+        scopes.sort_unstable();
+        scopes.dedup();
+        let locks = scopes
+            .iter()
+            .map(|scope| lock_file(self.reservations_lock_path(scope), &format!("the reservations of network_name {scope:?}"), deadline))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The commit's own pools as read; the others from disk, under the locks
+        // every commit that reserves in these scopes takes.
+        let before: BTreeMap<&str, Vec<u128>> =
+            read.iter().map(|(u, current)| (u.pool.name.as_str(), current.as_ref().map(|(_, p)| p.entries.iter().map(|e| e.offset).collect()).unwrap_or_default())).collect();
+        let mut names = self.pool_names()?;
+        names.extend(before.keys().map(|n| n.to_string()));
+        names.sort_unstable();
+        names.dedup();
+        for (update, scoped, holders) in &reserving {
+            let mut held = BTreeSet::new();
+            for name in names.iter().filter(|n| **n != update.pool.name) {
+                let Some(range) = scoped.peer_range(name).filter(|r| scoped.overlaps(r)) else { continue };
+                let offsets = match before.get(name.as_str()) {
+                    Some(offsets) => offsets.clone(),
+                    None => match self.read_newest(name)? {
+                        Some((_, stored_range, pool)) if same_range(&stored_range, &range) => pool.entries.iter().map(|e| e.offset).collect(),
+                        // Another network_name's pool whose name reads as ours too.
+                        _ => continue,
+                    },
+                };
+                held.extend(scoped.offsets_of(&range, offsets.into_iter()));
+            }
+            if let Some((name, _)) = holders.iter().find(|(_, offset)| held.contains(offset)) {
+                if let Ok(mut reserved) = self.reserved.lock() {
+                    reserved.entry(update.pool.name.clone()).or_default().extend(held);
+                }
+                return Err(DatastoreError::Reserved { pool: update.pool.name.clone(), name: name.to_string() });
+            }
+        }
+        Ok(locks)
     }
 
     /// The pool's newest intact version and where it lies; `None` if the pool
     /// has no file yet.
     fn read_on_disk(&self, pool: &PoolId) -> Result<Option<(OnDisk, Pool)>, DatastoreError> {
-        let path = self.pool_path(&pool.name);
+        let Some((on_disk, range, read)) = self.read_newest(&pool.name)? else { return Ok(None) };
+        if range != pool.cidr {
+            return Err(DatastoreError::Corrupt { path: self.pool_path(&pool.name), detail: format!("holds range {range}, expected {}", pool.cidr) });
+        }
+        Ok(Some((on_disk, read)))
+    }
+
+    /// The newest intact version of the pool file `name`, with the range it
+    /// says it holds.
+    fn read_newest(&self, name: &str) -> Result<Option<(OnDisk, String, Pool)>, DatastoreError> {
+        let path = self.pool_path(name);
         let io = |e: std::io::Error| DatastoreError::io(&path, e);
         // A lock-free reader can lose a race against writers that overwrite both
         // slots while it reads; a few fresh reads settle it. Under the lock (every
@@ -188,9 +280,9 @@ impl FileStore {
                 return Err(corrupt(format!("{len} bytes is not a pool file size")));
             };
             if let Some(slot) = pool_file::read_newest(&file, len).map_err(io)? {
-                let (entries, created_by) = decode(&path, &slot.payload, pool)?;
+                let (range, pool) = decode(&path, &slot.payload)?;
                 let on_disk = OnDisk { file, slot_size, current_slot: slot.index, version: slot.version };
-                return Ok(Some((on_disk, Pool { version: Version(slot.version.to_string()), entries, created_by })));
+                return Ok(Some((on_disk, range, Pool { version: Version(slot.version.to_string()), ..pool })));
             }
         }
         Err(DatastoreError::Corrupt { path, detail: "neither slot holds an intact version".into() })
@@ -246,10 +338,11 @@ impl Datastore for FileStore {
             .map(|u| self.lock(&u.pool.name, deadline))
             .collect::<Result<Vec<_>, _>>()?;
 
-        // Check every version and build every outgrown file before touching any
-        // pool, so a failure up to here leaves every pool as it was.
-        let mut writes = Vec::with_capacity(order.len());
-        for update in &order {
+        // Check every version and reservation and build every outgrown file
+        // before touching any pool, so a failure up to here leaves every pool as
+        // it was.
+        let mut read = Vec::with_capacity(order.len());
+        for &update in &order {
             let current = match self.take_remembered(&update.pool.name) {
                 Some(read) => Some(read),
                 None => self.read_on_disk(&update.pool)?,
@@ -258,6 +351,11 @@ impl Datastore for FileStore {
             if version != update.expected {
                 return Err(DatastoreError::Conflict { pool: update.pool.name.clone() });
             }
+            read.push((update, current));
+        }
+        let reservations = self.check_reservations(&read, deadline)?;
+        let mut writes = Vec::with_capacity(order.len());
+        for (update, current) in read {
             let stored = apply(&update.pool.name, current.as_ref().map(|(_, p)| p.clone()).unwrap_or_default(), &update.changes, &self.network)?;
             let payload = encode(&update.pool, &stored);
             writes.push(match current {
@@ -284,6 +382,9 @@ impl Datastore for FileStore {
                 }
             }
         }
+        // Every new version is in place for readers: the next commit that reserves
+        // in these scopes will see it.
+        drop(reservations);
         // One data flush per written pool: blocks the files already own, so no
         // journal commit on ext4.
         sync_all_data(&written).map_err(|e| DatastoreError::io(&self.dir, e))?;
@@ -311,6 +412,19 @@ impl Datastore for FileStore {
         Ok(UpdateLock::holding(guard))
     }
 
+    /// Overlapping pools of one `network_name` hold each other's reservations
+    /// (see the module documentation).
+    fn keeps_reservations(&self) -> bool {
+        true
+    }
+
+    /// What commits found held by overlapping pools (they report
+    /// [`DatastoreError::Reserved`], never a conflict: a racing writer of an
+    /// overlapping pool is a neighbour like any other here).
+    fn reserved(&self, pool: &PoolId) -> Vec<u128> {
+        self.reserved.lock().ok().and_then(|r| r.get(&pool.name).map(|s| s.iter().copied().collect())).unwrap_or_default()
+    }
+
     fn check_usable(&self) -> Result<(), DatastoreError> {
         self.ensure_dir()?;
         // Writing is what ADD needs; a probe file proves it (read-only mounts, full disks).
@@ -318,6 +432,33 @@ impl Datastore for FileStore {
         let result = OpenOptions::new().create(true).truncate(true).write(true).open(&probe).and_then(|mut f| f.write_all(b"ok"));
         let _ = fs::remove_file(&probe);
         result.map_err(|e| DatastoreError::io(&self.dir, e))
+    }
+}
+
+/// Takes the `flock` of the lock file at `path` (created if missing), waiting
+/// until `deadline` at the latest; `what` names what it guards, for the timeout.
+fn lock_file(path: PathBuf, what: &str, deadline: Instant) -> Result<File, DatastoreError> {
+    let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| DatastoreError::io(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => return Ok(file),
+        Err(TryLockError::WouldBlock) => {}
+        Err(TryLockError::Error(e)) => return Err(DatastoreError::io(&path, e)),
+    }
+    // Wait in the kernel's queue (a blocking flock) rather than polling: a
+    // poller loses every race to luckier processes and can starve for seconds
+    // under a burst. The wait happens on a helper thread so the deadline holds;
+    // a thread still waiting at the deadline dies with the process.
+    let waiter = file.try_clone().map_err(|e| DatastoreError::io(&path, e))?;
+    let (done, outcome) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(waiter.lock());
+    });
+    let timeout = || DatastoreError::Timeout { what: format!("locking {what} ({})", path.display()) };
+    match outcome.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        // The lock belongs to the open file description, shared with `file`.
+        Ok(Ok(())) => Ok(file),
+        Ok(Err(e)) => Err(DatastoreError::io(&path, e)),
+        Err(_) => Err(timeout()),
     }
 }
 
@@ -420,13 +561,11 @@ fn encode(pool: &PoolId, stored: &Stored) -> Vec<u8> {
     crate::cni::result::pretty(&PoolDoc { range: Cow::Borrowed(&pool.cidr), allocations }).into_bytes()
 }
 
-/// The entries of a stored pool, and the network that created each where known.
-fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<(Vec<Allocation>, BTreeMap<u128, String>), DatastoreError> {
+/// A stored pool: the range it says it holds, and its entries with the network
+/// that created each where known (the version is the slot's, not set here).
+fn decode(path: &Path, bytes: &[u8]) -> Result<(String, Pool), DatastoreError> {
     let corrupt = |detail: String| DatastoreError::Corrupt { path: path.to_path_buf(), detail };
     let doc: PoolDoc = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a pool document ({{\"range\", \"allocations\": {{decimal offset: entry}}}}): {e}")))?;
-    if doc.range != pool.cidr {
-        return Err(corrupt(format!("holds range {}, expected {}", doc.range, pool.cidr)));
-    }
     let mut created_by = BTreeMap::new();
     let entries = doc
         .allocations
@@ -438,7 +577,7 @@ fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<(Vec<Allocation>, 
             Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() }
         })
         .collect();
-    Ok((entries, created_by))
+    Ok((doc.range.into_owned(), Pool { version: Version::absent(), entries, created_by }))
 }
 
 /// `fdatasync` of every written pool file, one after the other: data-only
@@ -469,6 +608,15 @@ mod tests {
 
     fn soon() -> Instant {
         Instant::now() + Duration::from_secs(5)
+    }
+
+    /// A stored pool of `pool`'s range, as `read_on_disk` checks it.
+    fn decode_as(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Pool, DatastoreError> {
+        let (range, read) = decode(path, bytes)?;
+        if range != pool.cidr {
+            return Err(DatastoreError::Corrupt { path: path.to_path_buf(), detail: format!("holds range {range}, expected {}", pool.cidr) });
+        }
+        Ok(read)
     }
 
     #[test]
@@ -509,6 +657,63 @@ mod tests {
         let loaded = b.load(&p).unwrap();
         assert_eq!((loaded.entries.len(), loaded.created_by), (3, created_by(&[(2, "net-b"), (8, "net-b")])));
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// An insert with its reservation, as an ADD with `enable_overlapping_ranges` plans it.
+    fn reserving(pool: &PoolId, expected: Version, offset: u128, id: &str) -> PoolUpdate {
+        let holder = alloc(offset, id);
+        PoolUpdate { pool: pool.clone(), expected, changes: vec![Change::Reserve { name: format!("addr-{offset}"), holder: holder.clone() }, Change::Insert(holder)] }
+    }
+
+    #[test]
+    fn overlapping_pools_of_one_network_name_hold_each_others_reservations() {
+        let dir = temp_dir("reserve");
+        let store = FileStore::new(&dir, "net");
+        let wide = pool("192.0.2.0-24", "192.0.2.0/24");
+        let inner = pool("192.0.2.16-28", "192.0.2.16/28");
+        let changes = [1, 17, 18, 40].map(|o| Change::Insert(alloc(o, "w"))).to_vec();
+        store.commit(&[PoolUpdate { pool: wide.clone(), expected: Version::absent(), changes }], soon()).unwrap();
+        // .17 is offset 1 of the /28: refused, and all the /24 holds inside it is reserved.
+        let refused = store.commit(&[reserving(&inner, Version::absent(), 1, "n")], soon());
+        assert!(matches!(refused, Err(DatastoreError::Reserved { ref pool, ref name }) if pool == "192.0.2.16-28" && name == "addr-1"), "{refused:?}");
+        assert!(!dir.join("192.0.2.16-28.pool").exists());
+        assert_eq!(store.reserved(&inner), [1, 2]);
+        store.commit(&[reserving(&inner, Version::absent(), 3, "n")], soon()).unwrap();
+        assert!(store.reserved(&wide).is_empty());
+        // The other way round, and the commit's own pools count as read.
+        let both = [reserving(&wide, Version("1".into()), 19, "m"), reserving(&inner, Version("1".into()), 4, "m")];
+        assert!(matches!(store.commit(&both, soon()), Err(DatastoreError::Reserved { .. })));
+        assert_eq!(store.reserved(&wide), [19]);
+        // Without a reservation (option off), another network_name, or a range
+        // that does not overlap, nothing is in the way.
+        store.commit(&[PoolUpdate { pool: inner.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "off"))] }], soon()).unwrap();
+        store.commit(&[reserving(&pool("blue-192.0.2.16-28", "192.0.2.16/28"), Version::absent(), 1, "b")], soon()).unwrap();
+        store.commit(&[reserving(&pool("198.51.100.0-24", "198.51.100.0/24"), Version::absent(), 1, "o")], soon()).unwrap();
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn of_two_commits_racing_for_one_address_in_overlapping_pools_one_wins() {
+        for round in 0..20 {
+            let dir = temp_dir(&format!("race-{round}"));
+            fs::create_dir_all(&dir).unwrap();
+            let barrier = Arc::new(std::sync::Barrier::new(2));
+            let racers: Vec<_> = [("192.0.2.0-24", "192.0.2.0/24"), ("192.0.2.0-28", "192.0.2.0/28")]
+                .into_iter()
+                .map(|(name, cidr)| {
+                    let (dir, barrier) = (dir.clone(), Arc::clone(&barrier));
+                    std::thread::spawn(move || {
+                        let store = FileStore::new(&dir, "net");
+                        barrier.wait();
+                        store.commit(&[reserving(&pool(name, cidr), Version::absent(), 1, name)], soon())
+                    })
+                })
+                .collect();
+            let outcomes: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+            assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 1, "round {round}: {outcomes:?}");
+            assert!(outcomes.iter().any(|o| matches!(o, Err(DatastoreError::Reserved { .. }))));
+            fs::remove_dir_all(dir).unwrap();
+        }
     }
 
     #[test]
@@ -569,13 +774,13 @@ mod tests {
         assert_eq!(doc["allocations"]["2"], serde_json::json!({"id": "b", "podref": "ns/p", "ifname": "eth0"}));
         let path = Path::new("/x/p.pool");
         assert_eq!(doc["allocations"][wide.to_string()]["network"], "net-a");
-        assert_eq!(decode(path, &bytes, &p).unwrap(), (entries.into_values().collect::<Vec<_>>(), created_by));
+        assert_eq!(decode_as(path, &bytes, &p).unwrap(), Pool { version: Version::absent(), entries: entries.into_values().collect(), created_by });
         // Missing fields read as empty; no allocations at all is an empty pool.
         let sparse = br#"{"range": "2001:db8::/64", "allocations": {"5": {"id": "c"}}}"#;
-        assert_eq!(decode(path, sparse, &p).unwrap().0, vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]);
-        assert_eq!(decode(path, br#"{"range": "2001:db8::/64"}"#, &p).unwrap(), (vec![], BTreeMap::new()));
+        assert_eq!(decode_as(path, sparse, &p).unwrap().entries, vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]);
+        assert_eq!(decode_as(path, br#"{"range": "2001:db8::/64"}"#, &p).unwrap(), Pool::default());
         for bad in [&br#"{"range": "2001:db8::/64", "allocations": []}"#[..], br#"{"range": "2001:db8::/64", "allocations": {"x": {}}}"#, br#"{"allocations": {}}"#, b"{", br#"{"range": "192.0.2.0/24"}"#] {
-            assert!(matches!(decode(path, bad, &p), Err(DatastoreError::Corrupt { .. })), "{}", String::from_utf8_lossy(bad));
+            assert!(matches!(decode_as(path, bad, &p), Err(DatastoreError::Corrupt { .. })), "{}", String::from_utf8_lossy(bad));
         }
     }
 

@@ -7,6 +7,7 @@
 
 pub mod etcd;
 pub mod file;
+mod file_overlap;
 pub mod kubernetes;
 pub mod pool_file;
 pub mod retry;
