@@ -302,7 +302,7 @@ pub fn collect_garbage(
         for pool in &pools {
             let Some(read) = loaded.get(&pool.name) else { continue };
             for entry in &read.entries {
-                let ours = read.created_by.get(&entry.offset).is_some_and(|n| *n == config.name);
+                let ours = read.created_by.get(&entry.offset).is_some_and(|n| **n == *config.name);
                 if ours && !valid.contains(&(entry.container_id.clone(), entry.ifname.clone())) {
                     changes.push(pool.clone(), Change::Remove { offset: entry.offset });
                     if reserving && let Some(name) = entry_reservation(engine, config, pool, entry.offset)? {

@@ -86,7 +86,7 @@ enum PoolWrite {
 pub struct FileStore {
     dir: PathBuf,
     /// The CNI network of this call, recorded on the entries it writes.
-    network: String,
+    network: Arc<str>,
     held: Arc<Mutex<HeldState>>,
     /// Offsets of each pool (by name) that a commit found held by an
     /// overlapping pool of the same `network_name`: planned around from then on.
@@ -103,7 +103,7 @@ type HeldState = BTreeMap<String, Option<(OnDisk, Pool)>>;
 impl FileStore {
     /// The store in `dir`, writing on behalf of the CNI network `network`.
     pub fn new(dir: impl Into<PathBuf>, network: &str) -> Self {
-        Self { dir: dir.into(), network: network.to_string(), held: Arc::default(), reserved: Mutex::default() }
+        Self { dir: dir.into(), network: Arc::from(network), held: Arc::default(), reserved: Mutex::default() }
     }
 
     /// Keeps what `load` read of a pool whose lock we hold, for `commit`.
@@ -356,14 +356,15 @@ impl Datastore for FileStore {
         let reservations = self.check_reservations(&read, deadline)?;
         let mut writes = Vec::with_capacity(order.len());
         for (update, current) in read {
-            let stored = apply(&update.pool.name, current.as_ref().map(|(_, p)| p.clone()).unwrap_or_default(), &update.changes, &self.network)?;
+            let (disk, pool) = current.map_or((None, Pool::default()), |(disk, pool)| (Some(disk), pool));
+            let stored = apply(&update.pool.name, pool, &update.changes, &self.network)?;
             let payload = encode(&update.pool, &stored);
-            writes.push(match current {
-                Some((disk, _)) if pool_file::fits(disk.slot_size, payload.len()) => {
+            writes.push(match disk {
+                Some(disk) if pool_file::fits(disk.slot_size, payload.len()) => {
                     PoolWrite::Slot { index: 1 - disk.current_slot, version: disk.version + 1, file: disk.file, slot_size: disk.slot_size, payload }
                 }
-                current => {
-                    let version = current.map_or(1, |(disk, _)| disk.version + 1);
+                disk => {
+                    let version = disk.map_or(1, |disk| disk.version + 1);
                     PoolWrite::Replace { temp: self.write_new_file(&update.pool, version, &payload)?, path: self.pool_path(&update.pool.name) }
                 }
             });
@@ -483,17 +484,17 @@ impl Drop for HeldPools {
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Stored {
     entries: BTreeMap<u128, Allocation>,
-    created_by: BTreeMap<u128, String>,
+    created_by: BTreeMap<u128, Arc<str>>,
 }
 
 /// `pool` after `changes` made on behalf of the CNI network `network`: an entry
 /// it inserts, or adopts for a new container, is recorded as that network's.
-fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &str) -> Result<Stored, DatastoreError> {
+fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) -> Result<Stored, DatastoreError> {
     let mut stored = Stored { entries: pool.entries.into_iter().map(|a| (a.offset, a)).collect(), created_by: pool.created_by };
     let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: pool_name.to_string(), detail };
-    let record = |created_by: &mut BTreeMap<u128, String>, offset: u128| {
+    let record = |created_by: &mut BTreeMap<u128, Arc<str>>, offset: u128| {
         if !network.is_empty() {
-            created_by.insert(offset, network.to_string());
+            created_by.insert(offset, Arc::clone(network));
         }
     };
     for change in changes {
@@ -545,8 +546,10 @@ struct EntryDoc<'a> {
     podref: Cow<'a, str>,
     #[serde(borrow, default)]
     ifname: Cow<'a, str>,
-    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
-    network: Option<Cow<'a, str>>,
+    /// Empty when unknown: serde borrows from the file into a `Cow<str>` field,
+    /// not into an `Option<Cow<str>>`, and this is read for every entry.
+    #[serde(borrow, default, skip_serializing_if = "str::is_empty")]
+    network: Cow<'a, str>,
 }
 
 fn encode(pool: &PoolId, stored: &Stored) -> Vec<u8> {
@@ -554,7 +557,7 @@ fn encode(pool: &PoolId, stored: &Stored) -> Vec<u8> {
         .entries
         .iter()
         .map(|(&offset, a)| {
-            let network = stored.created_by.get(&offset).map(|n| Cow::Borrowed(n.as_str()));
+            let network = Cow::Borrowed(stored.created_by.get(&offset).map_or("", |n| n));
             (offset, EntryDoc { id: Cow::Borrowed(&a.container_id), podref: Cow::Borrowed(&a.pod_ref), ifname: Cow::Borrowed(&a.ifname), network })
         })
         .collect();
@@ -566,13 +569,21 @@ fn encode(pool: &PoolId, stored: &Stored) -> Vec<u8> {
 fn decode(path: &Path, bytes: &[u8]) -> Result<(String, Pool), DatastoreError> {
     let corrupt = |detail: String| DatastoreError::Corrupt { path: path.to_path_buf(), detail };
     let doc: PoolDoc = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a pool document ({{\"range\", \"allocations\": {{decimal offset: entry}}}}): {e}")))?;
+    // One allocation per network, not per entry: the entries of a pool come
+    // from a handful of networks.
+    let mut networks: Vec<Arc<str>> = Vec::new();
     let mut created_by = BTreeMap::new();
     let entries = doc
         .allocations
         .into_iter()
         .map(|(offset, e)| {
-            if let Some(network) = e.network {
-                created_by.insert(offset, network.into_owned());
+            if !e.network.is_empty() {
+                let known = networks.iter().find(|n| ***n == *e.network).cloned();
+                let network = known.unwrap_or_else(|| {
+                    networks.push(Arc::from(&*e.network));
+                    Arc::clone(&networks[networks.len() - 1])
+                });
+                created_by.insert(offset, network);
             }
             Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() }
         })
@@ -651,7 +662,7 @@ mod tests {
         a.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(1, "c1"))] }], soon()).unwrap();
         let adopt = Change::SetContainerId { offset: 8, container_id: "c8".into() };
         b.commit(&[PoolUpdate { pool: p.clone(), expected: Version("2".into()), changes: vec![Change::Insert(alloc(2, "c2")), adopt] }], soon()).unwrap();
-        let created_by = |pairs: &[(u128, &str)]| pairs.iter().map(|&(o, n)| (o, n.to_string())).collect::<BTreeMap<_, _>>();
+        let created_by = |pairs: &[(u128, &str)]| pairs.iter().map(|&(o, n)| (o, Arc::from(n))).collect::<BTreeMap<_, _>>();
         assert_eq!(a.load(&p).unwrap().created_by, created_by(&[(1, "net-a"), (2, "net-b"), (8, "net-b")]));
         b.commit(&[PoolUpdate { pool: p.clone(), expected: Version("3".into()), changes: vec![Change::Remove { offset: 1 }] }], soon()).unwrap();
         let loaded = b.load(&p).unwrap();
@@ -765,7 +776,7 @@ mod tests {
         let p = pool("p", "2001:db8::/64");
         let wide = u128::from(u64::MAX) + 7;
         let entries: BTreeMap<u128, Allocation> = [alloc(wide, "x\"y"), alloc(2, "b")].into_iter().map(|a| (a.offset, a)).collect();
-        let created_by = BTreeMap::from([(wide, "net-a".to_string())]);
+        let created_by = BTreeMap::from([(wide, Arc::from("net-a"))]);
         let bytes = encode(&p, &Stored { entries: entries.clone(), created_by: created_by.clone() });
         let text = String::from_utf8(bytes.clone()).unwrap();
         // Keys in numeric order, as decimal strings; the shape of an IPPool spec.

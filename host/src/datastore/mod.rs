@@ -14,6 +14,7 @@ pub mod retry;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use thereabouts_allocator::model::{Allocation, DatastoreSettings};
@@ -56,7 +57,7 @@ pub struct Pool {
     /// each offset, where the store records it: only the file store does, for
     /// GC. An entry without one (any other store; a file-store entry written
     /// before thereabouts recorded it) has no known creator.
-    pub created_by: BTreeMap<u128, String>,
+    pub created_by: BTreeMap<u128, Arc<str>>,
 }
 
 /// One change to a pool.
