@@ -142,7 +142,7 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Resu
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
     let pools = if from_datastore {
-        let store = datastore::open(&config.datastore)?;
+        let store = datastore::open(&config.datastore, &config.name)?;
         ipam::pool_states(store.as_ref(), &config)?
     } else {
         Vec::new()
@@ -189,7 +189,7 @@ pub struct PoolUsage {
 fn pools(path: &Path, output: Output) -> Result<()> {
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
-    let store = datastore::open(&config.datastore)?;
+    let store = datastore::open(&config.datastore, &config.name)?;
     let usage = ipam::usage(&mut engine, store.as_ref(), &config)?;
     let report = PoolsReport {
         datastore: store.describe(),

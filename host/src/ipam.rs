@@ -323,8 +323,15 @@ pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normal
     Ok(found)
 }
 
-/// GC: removes every entry of the config's pools whose (container ID, ifname) is
-/// not a valid attachment. Returns the removed entries with their pools.
+/// GC: removes every entry of the config's pools that this network created and
+/// whose (container ID, ifname) is not a valid attachment. Returns the removed
+/// entries with their pools.
+///
+/// Only this network's own entries: networks on the same range without distinct
+/// `network_name`s share a pool, and the valid attachments are those of the
+/// calling network alone, so another network's live entries would look like
+/// garbage. An entry whose creator is unknown (written before the file store
+/// recorded it) is never freed on a guess; its DEL frees it.
 ///
 /// Only for stores this node alone writes: CNI GC lists the attachments of this
 /// node's runtime, and in a store shared by every node (Kubernetes, etcd) the
@@ -349,7 +356,12 @@ pub fn collect_garbage(
         let mut changes = Changes::new();
         let mut removed = Vec::new();
         for pool in &pools {
-            let entries = entries_of(&loaded, &pool.name);
+            let Some(read) = loaded.get(&pool.name) else { continue };
+            // Only entries this network created: networks that share a range share
+            // its pool, and an entry with no recorded creator (written before the
+            // creator was recorded) is never freed on a guess.
+            let ours: Vec<Allocation> = read.entries.iter().filter(|e| read.created_by.get(&e.offset).is_some_and(|n| **n == *config.name)).cloned().collect();
+            let entries = ours.as_slice();
             let garbage: BTreeSet<(&str, &str)> = entries
                 .iter()
                 .filter(|e| !valid.contains(&(e.container_id.clone(), e.ifname.clone())))
@@ -433,7 +445,7 @@ mod tests {
         changes.push(pool("a"), Change::Remove { offset: 2 });
         changes.push(pool("b"), Change::Remove { offset: 3 });
         let mut read = BTreeMap::new();
-        read.insert("b".to_string(), Pool { version: Version("7".into()), entries: Vec::new() });
+        read.insert("b".to_string(), Pool { version: Version("7".into()), ..Pool::default() });
         let updates = changes.into_updates(&read);
         assert_eq!(updates.len(), 2);
         assert_eq!((updates[0].pool.name.as_str(), updates[0].expected.clone(), updates[0].changes.len()), ("b", Version("7".into()), 2));

@@ -241,7 +241,7 @@ fn add_is_idempotent_per_pod_and_interface() {
     // now names the new container.
     assert_eq!(addresses(&add(&config, "c1-new", "web-0").ok().json()), ["192.0.2.1/24", "2001:db8::1/64"]);
     let pool = pool_doc(&scratch.data(), "192.0.2.0-24");
-    assert_eq!(pool["allocations"]["1"], json!({"id": "c1-new", "podref": "default/web-0", "ifname": "eth0"}));
+    assert_eq!(pool["allocations"]["1"], json!({"id": "c1-new", "podref": "default/web-0", "ifname": "eth0", "network": "testnet"}));
     assert_eq!(pool["allocations"].as_object().unwrap().len(), 2);
     // The old container's DEL no longer matches anything.
     del(&config, "c1").ok();
@@ -307,6 +307,94 @@ fn gc_frees_attachments_that_are_not_valid() {
     }
     // The freed lowest address is handed out again.
     assert_eq!(addresses(&add(&config, "c4", "p4").ok().json())[0], "192.0.2.1/24");
+}
+
+/// Two networks on one range without distinct `network_name`s share its pool.
+/// Each network's GC frees only the entries that network created, and no GC
+/// frees an entry of unknown origin (as written before the network was recorded).
+#[test]
+fn gc_frees_only_the_calling_networks_entries() {
+    let scratch = Scratch::new("gc-networks");
+    let ipam = json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(), "range": "192.0.2.0/24"});
+    let config = |name: &str| json!({"cniVersion": "1.1.0", "name": name, "type": "bridge", "ipam": ipam}).to_string();
+    let (a, b) = (config("net-a"), config("net-b"));
+    std::fs::create_dir_all(scratch.data()).unwrap();
+    seed_pool(&scratch.data(), "192.0.2.0-24", 1, &json!({"range": "192.0.2.0/24", "allocations": {"9": {"id": "old", "podref": "default/old", "ifname": "eth0"}}}));
+    add(&a, "c1", "p1").ok();
+    assert_eq!(addresses(&add(&b, "c2", "p2").ok().json()), ["192.0.2.2/24"]);
+    let gc = |config: &str| {
+        let mut doc: Value = serde_json::from_str(config).unwrap();
+        doc["cni.dev/valid-attachments"] = json!([]);
+        run(&[("CNI_COMMAND", "GC"), ("CNI_PATH", "/opt/cni/bin")], &doc.to_string()).ok();
+        let allocations = pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"].clone();
+        allocations.as_object().unwrap().values().map(|e| e["id"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(gc(&a), ["c2", "old"]);
+    // B's next pod gets the address A freed, not pod 2's.
+    assert_eq!(addresses(&add(&b, "c3", "p3").ok().json()), ["192.0.2.1/24"]);
+    assert_eq!(gc(&b), ["old"]);
+}
+
+/// `enable_overlapping_ranges` (on by default): overlapping ranges of one
+/// `network_name` never hand out one address twice, on the file store as on the
+/// shared stores, whether they belong to two networks or to one config. Per
+/// case: each network's ipam settings, then the ADDs in order (network, the
+/// addresses that pod gets).
+#[test]
+fn overlapping_ranges_never_share_an_address() {
+    let range = |cidr: &str| json!({"range": cidr});
+    type Case<'a> = (&'a str, Vec<Value>, Vec<(usize, Vec<&'a str>)>);
+    let cases: Vec<Case> = vec![
+        (
+            "a /24 and a /28 inside it",
+            vec![range("192.0.2.0/24"), range("192.0.2.0/28")],
+            vec![(0, vec!["192.0.2.1/24"]), (1, vec!["192.0.2.2/28"]), (0, vec!["192.0.2.3/24"]), (1, vec!["192.0.2.4/28"])],
+        ),
+        (
+            "both in one config",
+            vec![json!({"ipRanges": [{"range": "192.0.2.0/24"}, {"range": "192.0.2.0/28"}]})],
+            vec![(0, vec!["192.0.2.1/24", "192.0.2.2/28"]), (0, vec!["192.0.2.3/24", "192.0.2.4/28"])],
+        ),
+        (
+            "a /28 further up a /24 (offsets differ)",
+            vec![json!({"range": "192.0.2.0/24", "range_start": "192.0.2.17"}), range("192.0.2.16/28")],
+            vec![(1, vec!["192.0.2.17/28"]), (0, vec!["192.0.2.18/24"]), (1, vec!["192.0.2.19/28"])],
+        ),
+        (
+            "a /48 and a /49 (as a /16 and a /17)",
+            vec![range("2001:db8::/48"), range("2001:db8::/49")],
+            vec![(0, vec!["2001:db8::1/48"]), (1, vec!["2001:db8::2/49"]), (1, vec!["2001:db8::3/49"]), (0, vec!["2001:db8::4/48"])],
+        ),
+        ("IPv6 /124 and /126", vec![range("2001:db8::/124"), range("2001:db8::/126")], vec![(1, vec!["2001:db8::1/126"]), (0, vec!["2001:db8::2/124"])]),
+        (
+            "network_name scopes the reservations",
+            vec![
+                json!({"range": "192.0.2.0/24", "network_name": "blue"}),
+                json!({"range": "192.0.2.0/28", "network_name": "blue"}),
+                json!({"range": "192.0.2.0/28", "network_name": "red"}),
+            ],
+            vec![(0, vec!["192.0.2.1/24"]), (1, vec!["192.0.2.2/28"]), (2, vec!["192.0.2.1/28"])],
+        ),
+        (
+            "switched off: whereabouts' sharing",
+            vec![json!({"range": "192.0.2.0/24", "enable_overlapping_ranges": false}), json!({"range": "192.0.2.0/28", "enable_overlapping_ranges": false})],
+            vec![(0, vec!["192.0.2.1/24"]), (1, vec!["192.0.2.1/28"])],
+        ),
+    ];
+    for (i, (what, networks, adds)) in cases.into_iter().enumerate() {
+        let scratch = Scratch::new(&format!("overlap-{i}"));
+        let configs: Vec<String> = networks
+            .into_iter()
+            .enumerate()
+            .map(|(n, mut ipam)| {
+                ipam.as_object_mut().unwrap().extend([("type".into(), json!("thereabouts")), ("datastore".into(), json!("file")), ("data_dir".into(), json!(scratch.data()))]);
+                json!({"cniVersion": "1.0.0", "name": format!("net-{n}"), "type": "bridge", "ipam": ipam}).to_string()
+            })
+            .collect();
+        for (pod, (network, expected)) in adds.into_iter().enumerate() {
+            assert_eq!(addresses(&add(&configs[network], &format!("c{pod}"), &format!("p{pod}")).ok().json()), expected, "{what}: pod {pod}");
+        }
+    }
 }
 
 #[test]

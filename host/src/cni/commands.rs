@@ -42,7 +42,7 @@ pub fn execute(env: &CniEnv, stdin: &str) -> Result<Option<String>, CniError> {
         config.cni_version,
         flat.as_ref().map_or("none".to_string(), |f| f.path.display().to_string())
     ));
-    let store = datastore::open(&config.datastore)?;
+    let store = datastore::open(&config.datastore, &config.name)?;
     let who = Attachment { container_id: &env.container_id, ifname: &env.ifname };
     let outcome = match env.command {
         Command::Add => add(&mut engine, store.as_ref(), &config, who).map(Some),

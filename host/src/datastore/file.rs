@@ -5,9 +5,15 @@
 //! - `<pool>.pool`: one pool, in two slots that are overwritten alternately (see
 //!   [`super::pool_file`]). Each slot holds a version number and the pool shaped
 //!   like an `IPPool` spec: `{"range": "192.0.2.0/24", "allocations": {"1":
-//!   {"id", "podref", "ifname"}}}` (keys are decimal offsets from the network
-//!   address, as in whereabouts).
+//!   {"id", "podref", "ifname", "network"}}}` (keys are decimal offsets from the
+//!   network address, as in whereabouts). `network` is the CNI `name` of the
+//!   network whose ADD created the entry (or last adopted it for a new
+//!   container): networks on the same range without distinct `network_name`s
+//!   share the pool, and a network's GC frees only its own entries. Entries
+//!   written before it was recorded have none, and GC never frees them.
 //! - `<pool>.lock`: the pool's inter-process lock (`flock`), kept forever.
+//! - `.reservations[-<network_name>].lock`: the lock of a `network_name`'s
+//!   reservations (below), kept forever.
 //! - `.<pool>.pool.tmp`: a new, larger file being built when a pool outgrows its
 //!   slots; only the lock holder writes it, so one left behind is a crashed
 //!   writer's and the next writer truncates it.
@@ -23,9 +29,23 @@
 //! given twice; the ADD never reported success, so the runtime sends DEL (which
 //! releases the entries in every pool) or retries the ADD (which finds and reuses
 //! the partial entries, keyed by pod and interface); GC removes them otherwise.
+//!
+//! Overlapping ranges (`enable_overlapping_ranges`, the default): an address
+//! that a pool of the same `network_name` with an overlapping range holds is
+//! reserved, as the Kubernetes and etcd stores reserve it with one object per
+//! address. Those pools are the reservations (see [`super::file_overlap`]): no
+//! second record, so no crash can separate an entry from its reservation. A
+//! commit that reserves ([`Change::Reserve`]) takes the `network_name`'s
+//! reservations lock after its pool locks, reads the overlapping pools, and
+//! writes its new versions before letting go; so of two commits racing for one
+//! address in two pools, the second sees the first's entry. It then fails with
+//! [`DatastoreError::Reserved`] and records every address those pools hold as
+//! [`reserved`](Datastore::reserved), and the retry plans around them. The lock
+//! goes before the flushes: a later commit that sees a version not yet durable
+//! only avoids an address that a power cut may free again.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -37,6 +57,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use thereabouts_allocator::model::Allocation;
 
+use super::file_overlap::{Scoped, same_range};
 use super::pool_file;
 use super::{Capabilities, Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 
@@ -64,7 +85,12 @@ enum PoolWrite {
 
 pub struct FileStore {
     dir: PathBuf,
+    /// The CNI network of this call, recorded on the entries it writes.
+    network: Arc<str>,
     held: Arc<Mutex<HeldState>>,
+    /// Offsets of each pool (by name) that a commit found held by an
+    /// overlapping pool of the same `network_name`: planned around from then on.
+    reserved: Mutex<BTreeMap<String, BTreeSet<u128>>>,
 }
 
 /// Pools whose lock this process holds through `lock_for_update`, each with the
@@ -75,8 +101,9 @@ pub struct FileStore {
 type HeldState = BTreeMap<String, Option<(OnDisk, Pool)>>;
 
 impl FileStore {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), held: Arc::default() }
+    /// The store in `dir`, writing on behalf of the CNI network `network`.
+    pub fn new(dir: impl Into<PathBuf>, network: &str) -> Self {
+        Self { dir: dir.into(), network: Arc::from(network), held: Arc::default(), reserved: Mutex::default() }
     }
 
     /// Keeps what `load` read of a pool whose lock we hold, for `commit`.
@@ -110,6 +137,10 @@ impl FileStore {
     fn temp_path(&self, name: &str) -> PathBuf {
         self.dir.join(format!(".{name}.pool.tmp"))
     }
+    /// The lock of a `network_name`'s reservations (hidden: no pool name starts with a dot).
+    fn reservations_lock_path(&self, scope: &str) -> PathBuf {
+        self.dir.join(if scope.is_empty() { ".reservations.lock".to_string() } else { format!(".reservations-{scope}.lock") })
+    }
 
     /// Whether `data_dir` exists (a missing one holds empty pools).
     fn dir_exists(&self) -> Result<bool, DatastoreError> {
@@ -134,35 +165,103 @@ impl FileStore {
 
     /// Takes the pool's lock, waiting until `deadline` at the latest.
     fn lock(&self, name: &str, deadline: Instant) -> Result<File, DatastoreError> {
-        let path = self.lock_path(name);
-        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| DatastoreError::io(&path, e))?;
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(TryLockError::WouldBlock) => {}
-            Err(TryLockError::Error(e)) => return Err(DatastoreError::io(&path, e)),
+        lock_file(self.lock_path(name), &format!("pool {name}"), deadline)
+    }
+
+    /// The names of the pools in `data_dir`.
+    fn pool_names(&self) -> Result<Vec<String>, DatastoreError> {
+        let io = |e| DatastoreError::io(&self.dir, e);
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(io)? {
+            let file_name = entry.map_err(io)?.file_name();
+            if let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".pool")).filter(|n| !n.starts_with('.')) {
+                names.push(name.to_string());
+            }
         }
-        // Wait in the kernel's queue (a blocking flock) rather than polling: a
-        // poller loses every race to luckier processes and can starve for seconds
-        // under a burst. The wait happens on a helper thread so the deadline holds;
-        // a thread still waiting at the deadline dies with the process.
-        let waiter = file.try_clone().map_err(|e| DatastoreError::io(&path, e))?;
-        let (done, outcome) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = done.send(waiter.lock());
-        });
-        let timeout = || DatastoreError::Timeout { what: format!("locking pool {name} ({})", path.display()) };
-        match outcome.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            // The lock belongs to the open file description, shared with `file`.
-            Ok(Ok(())) => Ok(file),
-            Ok(Err(e)) => Err(DatastoreError::io(&path, e)),
-            Err(_) => Err(timeout()),
+        Ok(names)
+    }
+
+    /// Refuses a commit that reserves an address an overlapping pool of the
+    /// same `network_name` holds ([`DatastoreError::Reserved`], with everything
+    /// those pools hold now among [`reserved`](Datastore::reserved)). `read`
+    /// holds the commit's updates with their pools as read under their locks.
+    /// Returns the reservations locks, to hold until the new versions are in place.
+    fn check_reservations(&self, read: &[(&PoolUpdate, Option<(OnDisk, Pool)>)], deadline: Instant) -> Result<Vec<File>, DatastoreError> {
+        let mut reserving = Vec::new();
+        for (update, _) in read {
+            let holders: Vec<(&str, u128)> = update
+                .changes
+                .iter()
+                .filter_map(|c| match c {
+                    Change::Reserve { name, holder } => Some((name.as_str(), holder.offset)),
+                    _ => None,
+                })
+                .collect();
+            if holders.is_empty() {
+                continue;
+            }
+            let scoped = Scoped::of(&update.pool).ok_or_else(|| DatastoreError::Inconsistent {
+                pool: update.pool.name.clone(),
+                detail: format!("not the pool name of range {} under any network_name", update.pool.cidr),
+            })?;
+            reserving.push((update, scoped, holders));
         }
+        if reserving.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut scopes: Vec<&str> = reserving.iter().map(|(_, scoped, _)| scoped.scope.as_str()).collect();
+        scopes.sort_unstable();
+        scopes.dedup();
+        let locks = scopes
+            .iter()
+            .map(|scope| lock_file(self.reservations_lock_path(scope), &format!("the reservations of network_name {scope:?}"), deadline))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The commit's own pools as read; the others from disk, under the locks
+        // every commit that reserves in these scopes takes.
+        let before: BTreeMap<&str, Vec<u128>> =
+            read.iter().map(|(u, current)| (u.pool.name.as_str(), current.as_ref().map(|(_, p)| p.entries.iter().map(|e| e.offset).collect()).unwrap_or_default())).collect();
+        let mut names = self.pool_names()?;
+        names.extend(before.keys().map(|n| n.to_string()));
+        names.sort_unstable();
+        names.dedup();
+        for (update, scoped, holders) in &reserving {
+            let mut held = BTreeSet::new();
+            for name in names.iter().filter(|n| **n != update.pool.name) {
+                let Some(range) = scoped.peer_range(name).filter(|r| scoped.overlaps(r)) else { continue };
+                let offsets = match before.get(name.as_str()) {
+                    Some(offsets) => offsets.clone(),
+                    None => match self.read_newest(name)? {
+                        Some((_, stored_range, pool)) if same_range(&stored_range, &range) => pool.entries.iter().map(|e| e.offset).collect(),
+                        // Another network_name's pool whose name reads as ours too.
+                        _ => continue,
+                    },
+                };
+                held.extend(scoped.offsets_of(&range, offsets.into_iter()));
+            }
+            if let Some((name, _)) = holders.iter().find(|(_, offset)| held.contains(offset)) {
+                if let Ok(mut reserved) = self.reserved.lock() {
+                    reserved.entry(update.pool.name.clone()).or_default().extend(held);
+                }
+                return Err(DatastoreError::Reserved { pool: update.pool.name.clone(), name: name.to_string() });
+            }
+        }
+        Ok(locks)
     }
 
     /// The pool's newest intact version and where it lies; `None` if the pool
     /// has no file yet.
     fn read_on_disk(&self, pool: &PoolId) -> Result<Option<(OnDisk, Pool)>, DatastoreError> {
-        let path = self.pool_path(&pool.name);
+        let Some((on_disk, range, read)) = self.read_newest(&pool.name)? else { return Ok(None) };
+        if range != pool.cidr {
+            return Err(DatastoreError::Corrupt { path: self.pool_path(&pool.name), detail: format!("holds range {range}, expected {}", pool.cidr) });
+        }
+        Ok(Some((on_disk, read)))
+    }
+
+    /// The newest intact version of the pool file `name`, with the range it
+    /// says it holds.
+    fn read_newest(&self, name: &str) -> Result<Option<(OnDisk, String, Pool)>, DatastoreError> {
+        let path = self.pool_path(name);
         let io = |e: std::io::Error| DatastoreError::io(&path, e);
         // A lock-free reader can lose a race against writers that overwrite both
         // slots while it reads; a few fresh reads settle it. Under the lock (every
@@ -181,9 +280,9 @@ impl FileStore {
                 return Err(corrupt(format!("{len} bytes is not a pool file size")));
             };
             if let Some(slot) = pool_file::read_newest(&file, len).map_err(io)? {
-                let entries = decode(&path, &slot.payload, pool)?;
+                let (range, pool) = decode(&path, &slot.payload)?;
                 let on_disk = OnDisk { file, slot_size, current_slot: slot.index, version: slot.version };
-                return Ok(Some((on_disk, Pool { version: Version(slot.version.to_string()), entries })));
+                return Ok(Some((on_disk, range, Pool { version: Version(slot.version.to_string()), ..pool })));
             }
         }
         Err(DatastoreError::Corrupt { path, detail: "neither slot holds an intact version".into() })
@@ -239,10 +338,11 @@ impl Datastore for FileStore {
             .map(|u| self.lock(&u.pool.name, deadline))
             .collect::<Result<Vec<_>, _>>()?;
 
-        // Check every version and build every outgrown file before touching any
-        // pool, so a failure up to here leaves every pool as it was.
-        let mut writes = Vec::with_capacity(order.len());
-        for update in &order {
+        // Check every version and reservation and build every outgrown file
+        // before touching any pool, so a failure up to here leaves every pool as
+        // it was.
+        let mut read = Vec::with_capacity(order.len());
+        for &update in &order {
             let current = match self.take_remembered(&update.pool.name) {
                 Some(read) => Some(read),
                 None => self.read_on_disk(&update.pool)?,
@@ -251,14 +351,20 @@ impl Datastore for FileStore {
             if version != update.expected {
                 return Err(DatastoreError::Conflict { pool: update.pool.name.clone() });
             }
-            let entries = apply(&update.pool.name, current.as_ref().map(|(_, p)| p.entries.clone()).unwrap_or_default(), &update.changes)?;
-            let payload = encode(&update.pool, &entries);
-            writes.push(match current {
-                Some((disk, _)) if pool_file::fits(disk.slot_size, payload.len()) => {
+            read.push((update, current));
+        }
+        let reservations = self.check_reservations(&read, deadline)?;
+        let mut writes = Vec::with_capacity(order.len());
+        for (update, current) in read {
+            let (disk, pool) = current.map_or((None, Pool::default()), |(disk, pool)| (Some(disk), pool));
+            let stored = apply(&update.pool.name, pool, &update.changes, &self.network)?;
+            let payload = encode(&update.pool, &stored);
+            writes.push(match disk {
+                Some(disk) if pool_file::fits(disk.slot_size, payload.len()) => {
                     PoolWrite::Slot { index: 1 - disk.current_slot, version: disk.version + 1, file: disk.file, slot_size: disk.slot_size, payload }
                 }
-                current => {
-                    let version = current.map_or(1, |(disk, _)| disk.version + 1);
+                disk => {
+                    let version = disk.map_or(1, |disk| disk.version + 1);
                     PoolWrite::Replace { temp: self.write_new_file(&update.pool, version, &payload)?, path: self.pool_path(&update.pool.name) }
                 }
             });
@@ -277,6 +383,9 @@ impl Datastore for FileStore {
                 }
             }
         }
+        // Every new version is in place for readers: the next commit that reserves
+        // in these scopes will see it.
+        drop(reservations);
         // One data flush per written pool: blocks the files already own, so no
         // journal commit on ext4.
         sync_all_data(&written).map_err(|e| DatastoreError::io(&self.dir, e))?;
@@ -304,8 +413,17 @@ impl Datastore for FileStore {
         Ok(UpdateLock::holding(guard))
     }
 
+    /// Overlapping pools of one `network_name` hold each other's reservations
+    /// (see the module documentation).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::NODE_LOCAL
+        Capabilities { reservations: true, ..Capabilities::NODE_LOCAL }
+    }
+
+    /// What commits found held by overlapping pools (they report
+    /// [`DatastoreError::Reserved`], never a conflict: a racing writer of an
+    /// overlapping pool is a neighbour like any other here).
+    fn reserved(&self, pool: &PoolId) -> Vec<u128> {
+        self.reserved.lock().ok().and_then(|r| r.get(&pool.name).map(|s| s.iter().copied().collect())).unwrap_or_default()
     }
 
     fn check_usable(&self) -> Result<(), DatastoreError> {
@@ -315,6 +433,33 @@ impl Datastore for FileStore {
         let result = OpenOptions::new().create(true).truncate(true).write(true).open(&probe).and_then(|mut f| f.write_all(b"ok"));
         let _ = fs::remove_file(&probe);
         result.map_err(|e| DatastoreError::io(&self.dir, e))
+    }
+}
+
+/// Takes the `flock` of the lock file at `path` (created if missing), waiting
+/// until `deadline` at the latest; `what` names what it guards, for the timeout.
+fn lock_file(path: PathBuf, what: &str, deadline: Instant) -> Result<File, DatastoreError> {
+    let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| DatastoreError::io(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => return Ok(file),
+        Err(TryLockError::WouldBlock) => {}
+        Err(TryLockError::Error(e)) => return Err(DatastoreError::io(&path, e)),
+    }
+    // Wait in the kernel's queue (a blocking flock) rather than polling: a
+    // poller loses every race to luckier processes and can starve for seconds
+    // under a burst. The wait happens on a helper thread so the deadline holds;
+    // a thread still waiting at the deadline dies with the process.
+    let waiter = file.try_clone().map_err(|e| DatastoreError::io(&path, e))?;
+    let (done, outcome) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(waiter.lock());
+    });
+    let timeout = || DatastoreError::Timeout { what: format!("locking {what} ({})", path.display()) };
+    match outcome.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        // The lock belongs to the open file description, shared with `file`.
+        Ok(Ok(())) => Ok(file),
+        Ok(Err(e)) => Err(DatastoreError::io(&path, e)),
+        Err(_) => Err(timeout()),
     }
 }
 
@@ -335,33 +480,53 @@ impl Drop for HeldPools {
     }
 }
 
-fn apply(pool: &str, entries: Vec<Allocation>, changes: &[Change]) -> Result<BTreeMap<u128, Allocation>, DatastoreError> {
-    let mut by_offset: BTreeMap<u128, Allocation> = entries.into_iter().map(|a| (a.offset, a)).collect();
-    let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: pool.to_string(), detail };
+/// A pool's entries by offset, with the network that created each, if known.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Stored {
+    entries: BTreeMap<u128, Allocation>,
+    created_by: BTreeMap<u128, Arc<str>>,
+}
+
+/// `pool` after `changes` made on behalf of the CNI network `network`: an entry
+/// it inserts, or adopts for a new container, is recorded as that network's.
+fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) -> Result<Stored, DatastoreError> {
+    let mut stored = Stored { entries: pool.entries.into_iter().map(|a| (a.offset, a)).collect(), created_by: pool.created_by };
+    let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: pool_name.to_string(), detail };
+    let record = |created_by: &mut BTreeMap<u128, Arc<str>>, offset: u128| {
+        if !network.is_empty() {
+            created_by.insert(offset, Arc::clone(network));
+        }
+    };
     for change in changes {
         match change {
             Change::Insert(allocation) => {
-                if by_offset.contains_key(&allocation.offset) {
+                if stored.entries.contains_key(&allocation.offset) {
                     return Err(inconsistent(format!("offset {} is already allocated", allocation.offset)));
                 }
-                by_offset.insert(allocation.offset, allocation.clone());
+                stored.entries.insert(allocation.offset, allocation.clone());
+                record(&mut stored.created_by, allocation.offset);
             }
             Change::Remove { offset } => {
-                by_offset.remove(offset);
+                stored.entries.remove(offset);
+                stored.created_by.remove(offset);
             }
-            Change::SetContainerId { offset, container_id } => match by_offset.get_mut(offset) {
-                Some(entry) => entry.container_id = container_id.clone(),
+            Change::SetContainerId { offset, container_id } => match stored.entries.get_mut(offset) {
+                Some(entry) => {
+                    entry.container_id = container_id.clone();
+                    record(&mut stored.created_by, *offset);
+                }
                 None => return Err(inconsistent(format!("no allocation at offset {offset} to update"))),
             },
             // Node-local: no cluster-wide reservations to keep.
             Change::Reserve { .. } | Change::Unreserve { .. } => {}
         }
     }
-    Ok(by_offset)
+    Ok(stored)
 }
 
 /// A pool as stored: the `IPPool` spec shape, `{"range": ..., "allocations":
-/// {"<decimal offset>": {"id", "podref", "ifname"}}}`, keys in numeric order.
+/// {"<decimal offset>": {"id", "podref", "ifname", "network"}}}`, keys in
+/// numeric order (`network` only where known; see the module documentation).
 /// Typed (strings borrowed from the file where they need no unescaping) rather
 /// than a `serde_json::Value`: a DEL of a 100-entry pool spent most of its time
 /// building and hashing generic maps.
@@ -381,27 +546,49 @@ struct EntryDoc<'a> {
     podref: Cow<'a, str>,
     #[serde(borrow, default)]
     ifname: Cow<'a, str>,
+    /// Empty when unknown: serde borrows from the file into a `Cow<str>` field,
+    /// not into an `Option<Cow<str>>`, and this is read for every entry.
+    #[serde(borrow, default, skip_serializing_if = "str::is_empty")]
+    network: Cow<'a, str>,
 }
 
-fn encode(pool: &PoolId, entries: &BTreeMap<u128, Allocation>) -> Vec<u8> {
-    let allocations = entries
+fn encode(pool: &PoolId, stored: &Stored) -> Vec<u8> {
+    let allocations = stored
+        .entries
         .iter()
-        .map(|(&offset, a)| (offset, EntryDoc { id: Cow::Borrowed(&a.container_id), podref: Cow::Borrowed(&a.pod_ref), ifname: Cow::Borrowed(&a.ifname) }))
+        .map(|(&offset, a)| {
+            let network = Cow::Borrowed(stored.created_by.get(&offset).map_or("", |n| n));
+            (offset, EntryDoc { id: Cow::Borrowed(&a.container_id), podref: Cow::Borrowed(&a.pod_ref), ifname: Cow::Borrowed(&a.ifname), network })
+        })
         .collect();
     crate::json::pretty(&PoolDoc { range: Cow::Borrowed(&pool.cidr), allocations }).into_bytes()
 }
 
-fn decode(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Vec<Allocation>, DatastoreError> {
+/// A stored pool: the range it says it holds, and its entries with the network
+/// that created each where known (the version is the slot's, not set here).
+fn decode(path: &Path, bytes: &[u8]) -> Result<(String, Pool), DatastoreError> {
     let corrupt = |detail: String| DatastoreError::Corrupt { path: path.to_path_buf(), detail };
     let doc: PoolDoc = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a pool document ({{\"range\", \"allocations\": {{decimal offset: entry}}}}): {e}")))?;
-    if doc.range != pool.cidr {
-        return Err(corrupt(format!("holds range {}, expected {}", doc.range, pool.cidr)));
-    }
-    Ok(doc
+    // One allocation per network, not per entry: the entries of a pool come
+    // from a handful of networks.
+    let mut networks: Vec<Arc<str>> = Vec::new();
+    let mut created_by = BTreeMap::new();
+    let entries = doc
         .allocations
         .into_iter()
-        .map(|(offset, e)| Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() })
-        .collect())
+        .map(|(offset, e)| {
+            if !e.network.is_empty() {
+                let known = networks.iter().find(|n| ***n == *e.network).cloned();
+                let network = known.unwrap_or_else(|| {
+                    networks.push(Arc::from(&*e.network));
+                    Arc::clone(&networks[networks.len() - 1])
+                });
+                created_by.insert(offset, network);
+            }
+            Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() }
+        })
+        .collect();
+    Ok((doc.range.into_owned(), Pool { version: Version::absent(), entries, created_by }))
 }
 
 /// `fdatasync` of every written pool file, one after the other: data-only
@@ -434,10 +621,19 @@ mod tests {
         Instant::now() + Duration::from_secs(5)
     }
 
+    /// A stored pool of `pool`'s range, as `read_on_disk` checks it.
+    fn decode_as(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Pool, DatastoreError> {
+        let (range, read) = decode(path, bytes)?;
+        if range != pool.cidr {
+            return Err(DatastoreError::Corrupt { path: path.to_path_buf(), detail: format!("holds range {range}, expected {}", pool.cidr) });
+        }
+        Ok(read)
+    }
+
     #[test]
     fn missing_directory_reads_as_empty_pools_and_is_created_on_commit() {
         let dir = temp_dir("create");
-        let store = FileStore::new(dir.join("nested"));
+        let store = FileStore::new(dir.join("nested"), "net");
         let p = pool("192.0.2.0-24", "192.0.2.0/24");
         assert_eq!(store.load(&p).unwrap(), Pool::default());
         let update = PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] };
@@ -449,14 +645,92 @@ mod tests {
         assert_eq!(version, 1);
         let doc: serde_json::Value = serde_json::from_slice(&payload).unwrap();
         assert_eq!(doc["range"], "192.0.2.0/24");
-        assert_eq!(doc["allocations"]["1"], serde_json::json!({"id": "c1", "podref": "ns/p", "ifname": "eth0"}));
+        assert_eq!(doc["allocations"]["1"], serde_json::json!({"id": "c1", "podref": "ns/p", "ifname": "eth0", "network": "net"}));
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn entries_record_the_network_that_created_or_adopted_them() {
+        let dir = temp_dir("networks");
+        fs::create_dir_all(&dir).unwrap();
+        let p = pool("p", "192.0.2.0/24");
+        // As written before the network was recorded: no creator.
+        let old = br#"{"range": "192.0.2.0/24", "allocations": {"7": {"id": "o7", "podref": "ns/q", "ifname": "eth0"}, "8": {"id": "o8", "podref": "ns/r", "ifname": "eth0"}}}"#;
+        pool_file::write_path(&dir.join("p.pool"), 1, old).unwrap();
+        let (a, b) = (FileStore::new(&dir, "net-a"), FileStore::new(&dir, "net-b"));
+        assert!(a.load(&p).unwrap().created_by.is_empty());
+        a.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(1, "c1"))] }], soon()).unwrap();
+        let adopt = Change::SetContainerId { offset: 8, container_id: "c8".into() };
+        b.commit(&[PoolUpdate { pool: p.clone(), expected: Version("2".into()), changes: vec![Change::Insert(alloc(2, "c2")), adopt] }], soon()).unwrap();
+        let created_by = |pairs: &[(u128, &str)]| pairs.iter().map(|&(o, n)| (o, Arc::from(n))).collect::<BTreeMap<_, _>>();
+        assert_eq!(a.load(&p).unwrap().created_by, created_by(&[(1, "net-a"), (2, "net-b"), (8, "net-b")]));
+        b.commit(&[PoolUpdate { pool: p.clone(), expected: Version("3".into()), changes: vec![Change::Remove { offset: 1 }] }], soon()).unwrap();
+        let loaded = b.load(&p).unwrap();
+        assert_eq!((loaded.entries.len(), loaded.created_by), (3, created_by(&[(2, "net-b"), (8, "net-b")])));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// An insert with its reservation, as an ADD with `enable_overlapping_ranges` plans it.
+    fn reserving(pool: &PoolId, expected: Version, offset: u128, id: &str) -> PoolUpdate {
+        let holder = alloc(offset, id);
+        PoolUpdate { pool: pool.clone(), expected, changes: vec![Change::Reserve { name: format!("addr-{offset}"), holder: holder.clone() }, Change::Insert(holder)] }
+    }
+
+    #[test]
+    fn overlapping_pools_of_one_network_name_hold_each_others_reservations() {
+        let dir = temp_dir("reserve");
+        let store = FileStore::new(&dir, "net");
+        let wide = pool("192.0.2.0-24", "192.0.2.0/24");
+        let inner = pool("192.0.2.16-28", "192.0.2.16/28");
+        let changes = [1, 17, 18, 40].map(|o| Change::Insert(alloc(o, "w"))).to_vec();
+        store.commit(&[PoolUpdate { pool: wide.clone(), expected: Version::absent(), changes }], soon()).unwrap();
+        // .17 is offset 1 of the /28: refused, and all the /24 holds inside it is reserved.
+        let refused = store.commit(&[reserving(&inner, Version::absent(), 1, "n")], soon());
+        assert!(matches!(refused, Err(DatastoreError::Reserved { ref pool, ref name }) if pool == "192.0.2.16-28" && name == "addr-1"), "{refused:?}");
+        assert!(!dir.join("192.0.2.16-28.pool").exists());
+        assert_eq!(store.reserved(&inner), [1, 2]);
+        store.commit(&[reserving(&inner, Version::absent(), 3, "n")], soon()).unwrap();
+        assert!(store.reserved(&wide).is_empty());
+        // The other way round, and the commit's own pools count as read.
+        let both = [reserving(&wide, Version("1".into()), 19, "m"), reserving(&inner, Version("1".into()), 4, "m")];
+        assert!(matches!(store.commit(&both, soon()), Err(DatastoreError::Reserved { .. })));
+        assert_eq!(store.reserved(&wide), [19]);
+        // Without a reservation (option off), another network_name, or a range
+        // that does not overlap, nothing is in the way.
+        store.commit(&[PoolUpdate { pool: inner.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "off"))] }], soon()).unwrap();
+        store.commit(&[reserving(&pool("blue-192.0.2.16-28", "192.0.2.16/28"), Version::absent(), 1, "b")], soon()).unwrap();
+        store.commit(&[reserving(&pool("198.51.100.0-24", "198.51.100.0/24"), Version::absent(), 1, "o")], soon()).unwrap();
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn of_two_commits_racing_for_one_address_in_overlapping_pools_one_wins() {
+        for round in 0..20 {
+            let dir = temp_dir(&format!("race-{round}"));
+            fs::create_dir_all(&dir).unwrap();
+            let barrier = Arc::new(std::sync::Barrier::new(2));
+            let racers: Vec<_> = [("192.0.2.0-24", "192.0.2.0/24"), ("192.0.2.0-28", "192.0.2.0/28")]
+                .into_iter()
+                .map(|(name, cidr)| {
+                    let (dir, barrier) = (dir.clone(), Arc::clone(&barrier));
+                    std::thread::spawn(move || {
+                        let store = FileStore::new(&dir, "net");
+                        barrier.wait();
+                        store.commit(&[reserving(&pool(name, cidr), Version::absent(), 1, name)], soon())
+                    })
+                })
+                .collect();
+            let outcomes: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+            assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 1, "round {round}: {outcomes:?}");
+            assert!(outcomes.iter().any(|o| matches!(o, Err(DatastoreError::Reserved { .. }))));
+            fs::remove_dir_all(dir).unwrap();
+        }
     }
 
     #[test]
     fn stale_versions_conflict_and_change_nothing() {
         let dir = temp_dir("conflict");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let a = pool("a", "192.0.2.0/24");
         let b = pool("b", "198.51.100.0/24");
         store.commit(&[PoolUpdate { pool: b.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(5, "x"))] }], soon()).unwrap();
@@ -475,7 +749,7 @@ mod tests {
     #[test]
     fn a_commit_under_the_lock_uses_what_load_read_and_only_while_locked() {
         let dir = temp_dir("remembered");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         // Under the lock: load, then commit against that read.
@@ -489,7 +763,7 @@ mod tests {
         let lock = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
         let v2 = store.load(&p).unwrap().version;
         drop(lock);
-        let other = FileStore::new(&dir);
+        let other = FileStore::new(&dir, "net");
         other.commit(&[PoolUpdate { pool: p.clone(), expected: v2.clone(), changes: vec![Change::Insert(alloc(3, "c"))] }], soon()).unwrap();
         let stale = PoolUpdate { pool: p.clone(), expected: v2, changes: vec![Change::Insert(alloc(4, "d"))] };
         assert!(matches!(store.commit(&[stale], soon()), Err(DatastoreError::Conflict { .. })));
@@ -500,28 +774,31 @@ mod tests {
     #[test]
     fn pool_documents_round_trip_and_malformed_ones_are_corrupt() {
         let p = pool("p", "2001:db8::/64");
-        let entries: BTreeMap<u128, Allocation> = [alloc(u128::from(u64::MAX) + 7, "x\"y"), alloc(2, "b")].into_iter().map(|a| (a.offset, a)).collect();
-        let bytes = encode(&p, &entries);
+        let wide = u128::from(u64::MAX) + 7;
+        let entries: BTreeMap<u128, Allocation> = [alloc(wide, "x\"y"), alloc(2, "b")].into_iter().map(|a| (a.offset, a)).collect();
+        let created_by = BTreeMap::from([(wide, Arc::from("net-a"))]);
+        let bytes = encode(&p, &Stored { entries: entries.clone(), created_by: created_by.clone() });
         let text = String::from_utf8(bytes.clone()).unwrap();
         // Keys in numeric order, as decimal strings; the shape of an IPPool spec.
         assert!(text.find("\"2\"").unwrap() < text.find("\"18446744073709551622\"").unwrap(), "{text}");
         let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(doc["allocations"]["2"], serde_json::json!({"id": "b", "podref": "ns/p", "ifname": "eth0"}));
         let path = Path::new("/x/p.pool");
-        assert_eq!(decode(path, &bytes, &p).unwrap(), entries.into_values().collect::<Vec<_>>());
+        assert_eq!(doc["allocations"][wide.to_string()]["network"], "net-a");
+        assert_eq!(decode_as(path, &bytes, &p).unwrap(), Pool { version: Version::absent(), entries: entries.into_values().collect(), created_by });
         // Missing fields read as empty; no allocations at all is an empty pool.
         let sparse = br#"{"range": "2001:db8::/64", "allocations": {"5": {"id": "c"}}}"#;
-        assert_eq!(decode(path, sparse, &p).unwrap(), vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]);
-        assert_eq!(decode(path, br#"{"range": "2001:db8::/64"}"#, &p).unwrap(), vec![]);
+        assert_eq!(decode_as(path, sparse, &p).unwrap().entries, vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]);
+        assert_eq!(decode_as(path, br#"{"range": "2001:db8::/64"}"#, &p).unwrap(), Pool::default());
         for bad in [&br#"{"range": "2001:db8::/64", "allocations": []}"#[..], br#"{"range": "2001:db8::/64", "allocations": {"x": {}}}"#, br#"{"allocations": {}}"#, b"{", br#"{"range": "192.0.2.0/24"}"#] {
-            assert!(matches!(decode(path, bad, &p), Err(DatastoreError::Corrupt { .. })), "{}", String::from_utf8_lossy(bad));
+            assert!(matches!(decode_as(path, bad, &p), Err(DatastoreError::Corrupt { .. })), "{}", String::from_utf8_lossy(bad));
         }
     }
 
     #[test]
     fn changes_apply_in_order() {
         let dir = temp_dir("changes");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a")), Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
         let v = store.load(&p).unwrap().version;
@@ -536,7 +813,7 @@ mod tests {
     #[test]
     fn a_held_lock_times_out() {
         let dir = temp_dir("lock");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         store.ensure_dir().unwrap();
         let held = store.lock("p", soon()).unwrap();
         let update = PoolUpdate { pool: pool("p", "192.0.2.0/24"), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] };
@@ -549,7 +826,7 @@ mod tests {
     #[test]
     fn commit_under_its_own_update_lock_does_not_wait_for_itself() {
         let dir = temp_dir("ownlock");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         let guard = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
@@ -564,13 +841,13 @@ mod tests {
     #[test]
     fn a_second_writer_queues_behind_the_update_lock_and_then_proceeds() {
         let dir = temp_dir("queue");
-        let first = FileStore::new(&dir);
+        let first = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         first.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         let guard = first.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
         let (dir2, p2) = (dir.clone(), p.clone());
         let second = std::thread::spawn(move || {
-            let store = FileStore::new(&dir2);
+            let store = FileStore::new(&dir2, "net");
             let started = Instant::now();
             let _lock = store.lock_for_update(std::slice::from_ref(&p2), Instant::now() + Duration::from_secs(5)).unwrap();
             started.elapsed()
@@ -581,7 +858,7 @@ mod tests {
         assert!(waited >= Duration::from_millis(90), "the second writer must wait for the first ({waited:?})");
         // And a writer that cannot get it in time reports a timeout, not a hang.
         let _guard = first.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
-        let other = FileStore::new(&dir);
+        let other = FileStore::new(&dir, "net");
         assert!(matches!(other.lock_for_update(&[p], Instant::now() + Duration::from_millis(30)), Err(DatastoreError::Timeout { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
@@ -591,9 +868,9 @@ mod tests {
         let dir = temp_dir("notdir");
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("f"), b"x").unwrap();
-        let store = FileStore::new(dir.join("f"));
+        let store = FileStore::new(dir.join("f"), "net");
         assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
-        let nested = FileStore::new(dir.join("f/sub"));
+        let nested = FileStore::new(dir.join("f/sub"), "net");
         assert!(matches!(nested.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
@@ -603,7 +880,7 @@ mod tests {
         let dir = temp_dir("corrupt");
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("p.pool"), b"{\"range\":").unwrap();
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
@@ -612,7 +889,7 @@ mod tests {
     fn commits_overwrite_the_spare_slot_in_place_until_the_pool_outgrows_it() {
         use std::os::unix::fs::MetadataExt;
         let dir = temp_dir("slots");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         let path = dir.join("p.pool");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
@@ -640,7 +917,7 @@ mod tests {
     fn a_torn_slot_reads_as_the_previous_version() {
         use std::os::unix::fs::FileExt;
         let dir = temp_dir("tornslot");
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         store.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
@@ -664,7 +941,7 @@ mod tests {
         let dir = temp_dir("foreign");
         fs::create_dir_all(&dir).unwrap();
         pool_file::write_path(&dir.join("p.pool"), 3, br#"{"range": "198.51.100.0/24", "allocations": {}}"#).unwrap();
-        let store = FileStore::new(&dir);
+        let store = FileStore::new(&dir, "net");
         assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
         assert_eq!(store.load(&pool("p", "198.51.100.0/24")).unwrap().version, Version("3".into()));
         fs::remove_dir_all(dir).unwrap();

@@ -8,11 +8,14 @@
 pub mod etcd;
 pub mod failure;
 pub mod file;
+mod file_overlap;
 pub mod kubernetes;
 pub mod pool_file;
 pub mod retry;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use thereabouts_allocator::model::{Allocation, DatastoreSettings};
@@ -49,6 +52,11 @@ pub struct Pool {
     pub version: Version,
     /// In no particular order; one entry per offset.
     pub entries: Vec<Allocation>,
+    /// The CNI network (`name`) whose ADD created, or last adopted, the entry at
+    /// each offset, where the store records it: only the file store does, for
+    /// GC. An entry without one (any other store; a file-store entry written
+    /// before thereabouts recorded it) has no known creator.
+    pub created_by: BTreeMap<u128, Arc<str>>,
 }
 
 /// One change to a pool.
@@ -276,11 +284,13 @@ impl UpdateLock {
 
 /// The datastore a network config asks for. There is no silent default: a config
 /// must say where its allocations live.
-pub fn open(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, DatastoreError> {
+/// `network` is the config's CNI `name`: the file store records it on the
+/// entries it writes.
+pub fn open(settings: &DatastoreSettings, network: &str) -> Result<Box<dyn Datastore>, DatastoreError> {
     match settings.kind.as_deref() {
         Some("file") => {
             let dir = settings.data_dir.as_deref().filter(|d| !d.is_empty()).unwrap_or(DEFAULT_DATA_DIR);
-            Ok(Box::new(file::FileStore::new(dir)))
+            Ok(Box::new(file::FileStore::new(dir, network)))
         }
         Some("kubernetes") => open_kubernetes(settings),
         Some("etcd") => Ok(Box::new(etcd::EtcdStore::open(settings)?)),
@@ -313,7 +323,7 @@ mod tests {
 
     #[test]
     fn no_silent_default_datastore() {
-        let e = open(&DatastoreSettings::default()).err().unwrap();
+        let e = open(&DatastoreSettings::default(), "n").err().unwrap();
         assert!(matches!(e, DatastoreError::Unconfigured { field: "ipam.datastore", .. }), "{e:?}");
         for choice in ["\"file\"", "\"kubernetes\"", "\"etcd\""] {
             assert!(e.to_string().contains(choice), "{e}");
@@ -321,18 +331,18 @@ mod tests {
         // A kubeconfig alone selects the Kubernetes datastore (whereabouts'
         // behaviour); a missing file is a config error naming it.
         let k8s = DatastoreSettings { kubeconfig: Some("/nonexistent/thereabouts.kubeconfig".into()), ..Default::default() };
-        let e = open(&k8s).err().unwrap();
+        let e = open(&k8s, "n").err().unwrap();
         assert!(matches!(&e, DatastoreError::Kubeconfig { path, .. } if path.ends_with("thereabouts.kubeconfig")), "{e:?}");
         let no_kubeconfig = DatastoreSettings { kind: Some("kubernetes".into()), ..Default::default() };
-        let e = open(&no_kubeconfig).err().unwrap();
+        let e = open(&no_kubeconfig, "n").err().unwrap();
         assert!(matches!(e, DatastoreError::Unconfigured { field: "ipam.kubernetes.kubeconfig", .. }), "{e:?}");
         // etcd without an endpoint: a config error naming the key.
         let etcd = DatastoreSettings { kind: Some("etcd".into()), ..Default::default() };
-        let e = open(&etcd).err().unwrap();
+        let e = open(&etcd, "n").err().unwrap();
         assert!(matches!(&e, DatastoreError::EtcdConfig { detail } if detail.contains("etcd_host")), "{e:?}");
         let etcd = DatastoreSettings { etcd_hosts: vec!["127.0.0.1:2379".into()], ..etcd };
-        assert!(open(&etcd).unwrap().describe().contains("prefix /thereabouts/ at http://127.0.0.1:2379"));
+        assert!(open(&etcd, "n").unwrap().describe().contains("prefix /thereabouts/ at http://127.0.0.1:2379"));
         let file = DatastoreSettings { kind: Some("file".into()), ..Default::default() };
-        assert!(open(&file).unwrap().describe().contains(DEFAULT_DATA_DIR));
+        assert!(open(&file, "n").unwrap().describe().contains(DEFAULT_DATA_DIR));
     }
 }

@@ -217,7 +217,7 @@ impl EtcdStore {
             return Ok(Pool::default());
         };
         let value = PoolValue::decode(kv.value()).map_err(|detail| DatastoreError::Malformed { object: format!("etcd key {key}"), detail })?;
-        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries() };
+        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries(), ..Pool::default() };
         lock(&self.pools).insert(name.to_string(), value);
         Ok(loaded)
     }

@@ -546,11 +546,11 @@ impl Datastore for KubernetesStore {
             && let Some(object) = lock(&self.pools).get(&pool.name)
         {
             logging::debug(format!("IPPool {}: planning again on the read of version {} (a reservation was taken, not the pool)", pool.name, object.resource_version));
-            return Ok(Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone() });
+            return Ok(Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone(), ..Pool::default() });
         }
         match self.read_pool(pool, self.deadline())? {
             Some(object) => {
-                let loaded = Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone() };
+                let loaded = Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone(), ..Pool::default() };
                 lock(&self.pools).insert(pool.name.clone(), object);
                 Ok(loaded)
             }
