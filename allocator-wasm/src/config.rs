@@ -36,16 +36,39 @@ pub const FLAT_FILE_PATHS: [&str; 4] = [
 /// `ipam` keys merged from the flat file when the inline config leaves them empty.
 /// `enable_overlapping_ranges` is deliberately absent: the flat file cannot change it.
 const MERGED_KEYS: [&str; 29] = [
-    "range", "range_start", "range_end", "exclude", "ipRanges", "gateway", "routes", "dns", "addresses",
-    "network_name", "datastore", "data_dir", "kubernetes", "etcd_host", "etcd_username", "etcd_password",
-    "etcd_key_file", "etcd_cert_file", "etcd_ca_cert_file", "etcd_prefix", "log_file", "log_level",
-    "configuration_path", "reconciler_cron_expression", "sleep_for_race", "leader_lease_duration",
-    "leader_renew_deadline", "leader_retry_period", "node_slice_size",
+    "range",
+    "range_start",
+    "range_end",
+    "exclude",
+    "ipRanges",
+    "gateway",
+    "routes",
+    "dns",
+    "addresses",
+    "network_name",
+    "datastore",
+    "data_dir",
+    "kubernetes",
+    "etcd_host",
+    "etcd_username",
+    "etcd_password",
+    "etcd_key_file",
+    "etcd_cert_file",
+    "etcd_ca_cert_file",
+    "etcd_prefix",
+    "log_file",
+    "log_level",
+    "configuration_path",
+    "reconciler_cron_expression",
+    "sleep_for_race",
+    "leader_lease_duration",
+    "leader_renew_deadline",
+    "leader_retry_period",
+    "node_slice_size",
 ];
 
 /// Nested objects merged field by field (mergo's deep merge through structs).
-const NESTED_KEYS: [(&str, &[&str]); 2] =
-    [("kubernetes", &["kubeconfig", "k8s_api_root"]), ("dns", &["nameservers", "domain", "search", "options"])];
+const NESTED_KEYS: [(&str, &[&str]); 2] = [("kubernetes", &["kubeconfig", "k8s_api_root"]), ("dns", &["nameservers", "domain", "search", "options"])];
 
 /// The parts of stdin that matter, whether it was a plain config or a conflist.
 struct NetworkConfig<'a> {
@@ -75,7 +98,10 @@ fn locate<'a>(doc: &'a Map<String, Value>) -> Result<NetworkConfig<'a>> {
     }
     let name = gojson::string(doc, "name", "name")?.ok_or_else(|| ConfigError::invalid("name", "missing network name"))?;
     if !is_valid_network_name(&name) {
-        return Err(ConfigError::invalid("name", format!("invalid network name {name:?}: must start with a letter or digit and hold only letters, digits, '_', '.' and '-'")));
+        return Err(ConfigError::invalid(
+            "name",
+            format!("invalid network name {name:?}: must start with a letter or digit and hold only letters, digits, '_', '.' and '-'"),
+        ));
     }
     let (plugin, ipam) = match gojson::array(doc, "plugins", "plugins")? {
         Some(plugins) => plugins
@@ -100,10 +126,7 @@ fn is_valid_network_name(name: &str) -> bool {
 /// Object names are DNS subdomains: lowercase letters, digits, '-' and '.'.
 fn is_valid_object_name_part(name: &str) -> bool {
     let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    name.len() <= 200
-        && name.bytes().next().is_some_and(ok)
-        && name.bytes().last().is_some_and(ok)
-        && name.bytes().all(|b| ok(b) || b == b'-' || b == b'.')
+    name.len() <= 200 && name.bytes().next().is_some_and(ok) && name.bytes().last().is_some_and(ok) && name.bytes().all(|b| ok(b) || b == b'-' || b == b'.')
 }
 
 /// Search order for the flat file. See `flat-file-paths` in the WIT.
@@ -122,9 +145,8 @@ pub fn flat_file_paths(network_config: &str) -> Result<Vec<String>> {
 /// merge), under canonical key names.
 fn merge_flat_file(inline: &Map<String, Value>, flat: Option<&Map<String, Value>>) -> Map<String, Value> {
     let mut merged = Map::new();
-    let pick = |inline: Option<&Value>, flat: Option<&Value>| -> Option<Value> {
-        if gojson::is_empty(inline) { flat.or(inline).cloned() } else { inline.cloned() }
-    };
+    let pick =
+        |inline: Option<&Value>, flat: Option<&Value>| -> Option<Value> { if gojson::is_empty(inline) { flat.or(inline).cloned() } else { inline.cloned() } };
     for key in MERGED_KEYS {
         let inline_value = gojson::field(inline, key);
         let flat_value = flat.and_then(|f| gojson::field(f, key));
@@ -155,18 +177,16 @@ fn merge_flat_file(inline: &Map<String, Value>, flat: Option<&Map<String, Value>
 fn sloppy_ip(map: &Map<String, Value>, key: &str, path: &str, what: &str) -> Result<Option<IpAddr>> {
     match gojson::string(map, key, path)? {
         None => Ok(None),
-        Some(text) => ip::parse_ip_sloppy(&text)
-            .map(Some)
-            .ok_or_else(|| ConfigError::invalid(path, format!("couldn't parse {what} {text:?}: not an IP address"))),
+        Some(text) => {
+            ip::parse_ip_sloppy(&text).map(Some).ok_or_else(|| ConfigError::invalid(path, format!("couldn't parse {what} {text:?}: not an IP address")))
+        }
     }
 }
 
 fn strict_ip(map: &Map<String, Value>, key: &str, path: &str) -> Result<Option<IpAddr>> {
     match gojson::string(map, key, path)? {
         None => Ok(None),
-        Some(text) => ip::parse_ip_strict(&text)
-            .map(Some)
-            .ok_or_else(|| ConfigError::invalid(path, format!("invalid IP address: {text}"))),
+        Some(text) => ip::parse_ip_strict(&text).map(Some).ok_or_else(|| ConfigError::invalid(path, format!("invalid IP address: {text}"))),
     }
 }
 
@@ -216,8 +236,8 @@ fn static_addresses(ipam: &Map<String, Value>, args: &CniArgs) -> Result<Vec<Sta
         let Value::Object(entry) = entry else {
             return Err(ConfigError::invalid(&path, format!("expected an object, got {}", gojson::kind(entry))));
         };
-        let text = gojson::string(entry, "address", &format!("{path}.address"))?
-            .ok_or_else(|| ConfigError::invalid(format!("{path}.address"), "missing address"))?;
+        let text =
+            gojson::string(entry, "address", &format!("{path}.address"))?.ok_or_else(|| ConfigError::invalid(format!("{path}.address"), "missing address"))?;
         let cidr = ip::parse_cidr(&text, true)
             .ok_or_else(|| ConfigError::invalid(format!("{path}.address"), format!("invalid CIDR in addresses {text:?}")))?
             .unmapped();
@@ -242,11 +262,7 @@ fn static_addresses(ipam: &Map<String, Value>, args: &CniArgs) -> Result<Vec<Sta
                 }
             }
         }
-        out.extend(from_args.into_iter().map(|(cidr, gw)| StaticAddress {
-            address: cidr.text(),
-            gateway: gw.map(format_ip),
-            family: cidr.family(),
-        }));
+        out.extend(from_args.into_iter().map(|(cidr, gw)| StaticAddress { address: cidr.text(), gateway: gw.map(format_ip), family: cidr.family() }));
     }
     Ok(out)
 }
@@ -316,7 +332,10 @@ fn check_addresses_fit_version(cni_version: &str, ranges: &[NormalizedRange], st
             return Err(ConfigError::new(
                 code::INCOMPATIBLE_VERSION,
                 "cniVersion",
-                format!("CNI version {cni_version} does not support more than 1 address per family ({count} IPv{} addresses configured); use cniVersion 0.3.0 or later", family.number()),
+                format!(
+                    "CNI version {cni_version} does not support more than 1 address per family ({count} IPv{} addresses configured); use cniVersion 0.3.0 or later",
+                    family.number()
+                ),
             ));
         }
     }
@@ -349,10 +368,7 @@ pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) 
         ));
     }
     let gateway = sloppy_ip(&ipam, "gateway", "ipam.gateway", "gateway IP")?;
-    let mut ranges = range_specs(&ipam)?
-        .iter()
-        .map(|spec| normalize_range(spec, gateway, &network_name))
-        .collect::<Result<Vec<_>>>()?;
+    let mut ranges = range_specs(&ipam)?.iter().map(|spec| normalize_range(spec, gateway, &network_name)).collect::<Result<Vec<_>>>()?;
     let addresses = static_addresses(&ipam, &args)?;
     if ranges.is_empty() && addresses.is_empty() {
         return Err(ConfigError::invalid("ipam.ipRanges", "no address range configured: set ipam.ipRanges (or the legacy ipam.range)"));

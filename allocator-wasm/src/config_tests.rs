@@ -186,7 +186,9 @@ fn pod_ref_comes_from_cni_args_and_unknown_args_fail() {
 
 #[test]
 fn gateway_goes_to_its_family_only_and_bad_gateway_is_rejected() {
-    let c = ok(json!({"type": "whereabouts", "gateway": "192.0.2.1", "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64", "gateway": "2001:db8::1"}]}));
+    let c = ok(
+        json!({"type": "whereabouts", "gateway": "192.0.2.1", "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64", "gateway": "2001:db8::1"}]}),
+    );
     assert_eq!(c.ranges[0].gateway.as_deref(), Some("192.0.2.1"));
     assert_eq!(c.ranges[1].gateway.as_deref(), Some("2001:db8::1"));
     let e = err(json!({"type": "whereabouts", "gateway": "192.0.2", "range": "192.0.2.0/24"}));
@@ -199,7 +201,10 @@ fn routes_come_back_as_whereabouts_prints_them_and_dns_passes_through() {
     let c = ok(json!({"type": "whereabouts", "range": "192.0.2.0/24",
         "routes": [{"dst": "0.0.0.0/0", "gw": "192.0.2.1"}, {"dst": "3ffe:ffff:0:01ff::1/64", "gw": "3ffe:ffff:0:01ff::0001", "mtu": 1400, "x": 1}],
         "dns": {"nameservers": ["192.0.2.53"], "search": ["example.test"]}}));
-    assert_eq!(c.routes_json.as_deref(), Some(r#"[{"dst":"0.0.0.0/0","gw":"192.0.2.1"},{"dst":"3ffe:ffff:0:1ff::1/64","gw":"3ffe:ffff:0:1ff::1","mtu":1400}]"#));
+    assert_eq!(
+        c.routes_json.as_deref(),
+        Some(r#"[{"dst":"0.0.0.0/0","gw":"192.0.2.1"},{"dst":"3ffe:ffff:0:1ff::1/64","gw":"3ffe:ffff:0:1ff::1","mtu":1400}]"#)
+    );
     assert_eq!(c.dns_json.as_deref(), Some(r#"{"nameservers":["192.0.2.53"],"search":["example.test"]}"#));
     let e = err(json!({"type": "whereabouts", "range": "192.0.2.0/24", "routes": [{"dst": "bogus"}]}));
     assert_eq!(e.field, "ipam.routes[0].dst");
@@ -239,22 +244,28 @@ fn static_addresses_from_config_and_cni_args() {
 
 #[test]
 fn versions_before_0_3_allow_one_address_per_family() {
-    let two_v4 = json!({"cniVersion": "0.2.0", "name": "n", "ipam": {"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "198.51.100.0/24"}]}}).to_string();
+    let two_v4 =
+        json!({"cniVersion": "0.2.0", "name": "n", "ipam": {"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "198.51.100.0/24"}]}})
+            .to_string();
     let e = normalize(&two_v4, None, "").unwrap_err();
     assert_eq!((e.code, e.field.as_str()), (1, "cniVersion"));
-    let dual = json!({"cniVersion": "0.2.0", "name": "n", "ipam": {"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64"}]}}).to_string();
+    let dual =
+        json!({"cniVersion": "0.2.0", "name": "n", "ipam": {"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64"}]}})
+            .to_string();
     assert!(normalize(&dual, None, "").is_ok());
 }
 
 #[test]
 fn requested_ips_land_in_the_range_that_holds_them() {
     let text = json!({"cniVersion": "1.0.0", "name": "n", "runtimeConfig": {"ips": ["2001:db8::99/64", "192.0.2.77/24"]},
-        "ipam": {"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64"}]}}).to_string();
+        "ipam": {"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64"}]}})
+    .to_string();
     let c = normalize(&text, None, "").unwrap();
     assert_eq!(c.ranges[0].requested.as_deref(), Some("192.0.2.77"));
     assert_eq!(c.ranges[1].requested.as_deref(), Some("2001:db8::99"));
     let text = json!({"cniVersion": "1.0.0", "name": "n", "args": {"cni": {"ips": ["203.0.113.5"]}},
-        "ipam": {"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/24"}]}}).to_string();
+        "ipam": {"type": "whereabouts", "ipRanges": [{"range": "192.0.2.0/24"}]}})
+    .to_string();
     let e = normalize(&text, None, "").unwrap_err();
     assert_eq!(e.field, "args.cni.ips[0]");
 }

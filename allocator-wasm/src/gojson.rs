@@ -12,12 +12,7 @@ use crate::error::{ConfigError, Result};
 /// that equals the name ignoring ASCII case is decoded into the same field, so the
 /// last such key in document order wins. `null` counts as absent.
 pub fn field<'a>(object: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
-    object
-        .iter()
-        .filter(|(key, _)| key.eq_ignore_ascii_case(name))
-        .map(|(_, value)| value)
-        .next_back()
-        .filter(|value| !value.is_null())
+    object.iter().filter(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value).next_back().filter(|value| !value.is_null())
 }
 
 /// Describes a JSON value's type for error messages.

@@ -93,7 +93,13 @@ pub fn parse_ip_sloppy(text: &str) -> Option<IpAddr> {
             return None;
         }
         let trimmed = part.trim_start_matches('0');
-        let value: u32 = if trimmed.is_empty() { 0 } else if trimmed.len() > 3 { return None } else { trimmed.parse().ok()? };
+        let value: u32 = if trimmed.is_empty() {
+            0
+        } else if trimmed.len() > 3 {
+            return None;
+        } else {
+            trimmed.parse().ok()?
+        };
         *octet = u8::try_from(value).ok()?;
     }
     if parts.next().is_some() {

@@ -8,8 +8,7 @@ use crate::ip::{self, format_ip};
 /// `IPPool` name for a range: `:` and `/` become `-`, prefixed with
 /// `<network_name>-` when a network name is set. `cidr` is canonicalized first.
 pub fn pool_name(cidr: &str, network_name: &str) -> Result<String> {
-    let parsed = ip::parse_cidr(cidr, true)
-        .ok_or_else(|| ConfigError::invalid("cidr", format!("invalid CIDR {cidr:?}")))?;
+    let parsed = ip::parse_cidr(cidr, true).ok_or_else(|| ConfigError::invalid("cidr", format!("invalid CIDR {cidr:?}")))?;
     Ok(pool_name_for_network(&parsed.network_text(), network_name))
 }
 
@@ -27,8 +26,7 @@ pub fn pool_name_for_network(canonical_cidr: &str, network_name: &str) -> String
 /// appended when it ends with `:`, then `:` turned to `-`, prefixed with
 /// `<network_name>-` when set.
 pub fn reservation_name(address: &str, network_name: &str) -> Result<String> {
-    let parsed = ip::parse_ip_sloppy(address)
-        .ok_or_else(|| ConfigError::invalid("ip", format!("invalid IP address {address:?}")))?;
+    let parsed = ip::parse_ip_sloppy(address).ok_or_else(|| ConfigError::invalid("ip", format!("invalid IP address {address:?}")))?;
     Ok(reservation_name_of(&format_ip(parsed), network_name))
 }
 

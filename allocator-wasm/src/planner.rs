@@ -170,20 +170,13 @@ fn assignment(range: &NormalizedRange, offset: u128, network_name: &str) -> Assi
 /// whereabouts' exhaustion message (allocate.go AssignmentError), kept verbatim
 /// because operators grep for it.
 pub fn exhausted_message(range: &NormalizedRange) -> String {
-    format!(
-        "Could not allocate IP in range: ip: {} / - {} / range: {} / excludeRanges: [{}]",
-        range.first,
-        range.last,
-        range.cidr,
-        range.excludes.join(" ")
-    )
+    format!("Could not allocate IP in range: ip: {} / - {} / range: {} / excludeRanges: [{}]", range.first, range.last, range.cidr, range.excludes.join(" "))
 }
 
 /// Does this held entry belong to the request? (pod-ref, ifname) like whereabouts;
 /// without a pod-ref (a runtime that is not Kubernetes), (container ID, ifname).
 fn is_same_attachment(entry: &Allocation, req: &Request) -> bool {
-    entry.ifname == req.ifname
-        && if req.pod_ref.is_empty() { entry.container_id == req.container_id } else { entry.pod_ref == req.pod_ref }
+    entry.ifname == req.ifname && if req.pod_ref.is_empty() { entry.container_id == req.container_id } else { entry.pod_ref == req.pod_ref }
 }
 
 /// The window grows eightfold with every conflict, up to 2^`MAX_SPREAD_BITS` =

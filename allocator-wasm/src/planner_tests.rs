@@ -145,7 +145,8 @@ fn contention_spreads_hundreds_of_racing_pods() {
     // (a uniform pick gives ~165 distinct ones), instead of all 200 planning
     // the lowest free one as they do at contention 0.
     let r = range("10.0.0.0/16");
-    let distinct = |c: u32| (0..200).map(|pod| fresh_offset(plan(&r, &taken(&[]), &contended(&format!("pod-{pod}"), c)))).collect::<std::collections::BTreeSet<_>>().len();
+    let distinct =
+        |c: u32| (0..200).map(|pod| fresh_offset(plan(&r, &taken(&[]), &contended(&format!("pod-{pod}"), c)))).collect::<std::collections::BTreeSet<_>>().len();
     assert_eq!(distinct(0), 1);
     assert_eq!(distinct(1), 8);
     assert!(distinct(3) > 150, "{}", distinct(3));
@@ -249,7 +250,9 @@ fn requested_address_is_honoured_or_rejected_with_a_reason() {
     let mut request = req("a", "eth0");
     request.requested_ip = Some("192.0.2.77".into());
     assert_eq!(fresh_ip(plan(&r, &taken(&[1]), &request)), "192.0.2.77/24");
-    for (ip, why) in [("192.0.2.77", "already allocated"), ("192.0.2.50", "excluded"), ("198.51.100.1", "outside range"), ("192.0.2.255", "outside the allocatable span")] {
+    for (ip, why) in
+        [("192.0.2.77", "already allocated"), ("192.0.2.50", "excluded"), ("198.51.100.1", "outside range"), ("192.0.2.255", "outside the allocatable span")]
+    {
         request.requested_ip = Some(ip.into());
         match plan(&r, &taken(&[77]), &request) {
             Err(PlanFailure::Rejected { message }) => assert!(message.contains(why), "{ip}: {message}"),
@@ -276,13 +279,15 @@ fn the_gateway_is_never_handed_out() {
         other => panic!("{other:?}"),
     }
     // A pod that already holds the gateway's address (an entry from before) keeps it.
-    let held = PoolSnapshot { held: vec![Allocation { offset: 1, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "eth0".into() }], ..taken(&[1]) };
+    let held =
+        PoolSnapshot { held: vec![Allocation { offset: 1, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "eth0".into() }], ..taken(&[1]) };
     assert!(matches!(plan(&r, &held, &req("a", "eth0")), Ok(PlanOutcome::Reuse { .. })));
 }
 
 #[test]
 fn preview_skips_the_gateway() {
-    let text = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "ipam": {"type": "thereabouts", "gateway": "192.0.2.1", "range": "192.0.2.0/29"}}).to_string();
+    let text =
+        serde_json::json!({"cniVersion": "1.0.0", "name": "n", "ipam": {"type": "thereabouts", "gateway": "192.0.2.1", "range": "192.0.2.0/29"}}).to_string();
     let c = crate::normalize(&text, None, "").unwrap();
     let table = preview(&c, &[], 6);
     assert_eq!(table.addresses.lines().collect::<Vec<_>>(), ["192.0.2.2/29", "192.0.2.3/29", "192.0.2.4/29", "192.0.2.5/29", "192.0.2.6/29"]);

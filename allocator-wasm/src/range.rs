@@ -61,25 +61,25 @@ pub fn normalize_range(spec: &RangeSpec, default_gateway: Option<IpAddr>, networ
     if family == Family::V6 && first <= MAPPED_V4.1 && last >= MAPPED_V4.0 {
         return Err(ConfigError::invalid(
             range_field,
-            format!("range {canonical} holds the IPv4-mapped block ::ffff:0:0/96, whose addresses Go programs read and print as IPv4; set range_start/range_end around it or use another network"),
+            format!(
+                "range {canonical} holds the IPv4-mapped block ::ffff:0:0/96, whose addresses Go programs read and print as IPv4; set range_start/range_end around it or use another network"
+            ),
         ));
     }
 
     let mut excludes = Vec::with_capacity(spec.exclude.len());
     for (i, text) in spec.exclude.iter().enumerate() {
         let field = format!("{}.exclude[{i}]", spec.path);
-        excludes.push(parse_exclude(text).ok_or_else(|| {
-            ConfigError::invalid(&field, format!("could not parse exclude {text:?}: expected a CIDR (192.0.2.0/28) or an IP address"))
-        })?);
+        excludes.push(
+            parse_exclude(text)
+                .ok_or_else(|| ConfigError::invalid(&field, format!("could not parse exclude {text:?}: expected a CIDR (192.0.2.0/28) or an IP address")))?,
+        );
     }
 
     // Go reads an IPv4-mapped gateway as IPv4 (and prints it so), and so do we.
     let gateway = match spec.gateway.map(|gw| gw.to_canonical()) {
         Some(gw) if Family::of(gw) != family => {
-            return Err(ConfigError::invalid(
-                format!("{}.gateway", spec.path),
-                format!("gateway {gw} is not of the range's family ({canonical})"),
-            ));
+            return Err(ConfigError::invalid(format!("{}.gateway", spec.path), format!("gateway {gw} is not of the range's family ({canonical})")));
         }
         Some(gw) => Some(gw),
         None => default_gateway.map(|gw| gw.to_canonical()).filter(|gw| Family::of(*gw) == family),
@@ -113,8 +113,7 @@ pub fn normalize_range(spec: &RangeSpec, default_gateway: Option<IpAddr>, networ
 /// Both accept IPv4 leading zeros, as whereabouts' sloppy parsers do.
 fn parse_range_text(text: &str, field: &str) -> Result<(Cidr, Option<IpAddr>, Option<IpAddr>)> {
     if let Some((start_text, cidr_text)) = text.split_once('-') {
-        let start = ip::parse_ip_sloppy(start_text)
-            .ok_or_else(|| ConfigError::invalid(field, format!("invalid range start IP {start_text:?} in {text:?}")))?;
+        let start = ip::parse_ip_sloppy(start_text).ok_or_else(|| ConfigError::invalid(field, format!("invalid range start IP {start_text:?} in {text:?}")))?;
         let cidr = ip::parse_cidr(cidr_text, true).ok_or_else(|| {
             ConfigError::invalid(field, format!("invalid CIDR {cidr_text:?} in {text:?} (expected start-end/prefix, e.g. 192.0.2.10-192.0.2.20/24)"))
         })?;
@@ -130,11 +129,7 @@ fn parse_range_text(text: &str, field: &str) -> Result<(Cidr, Option<IpAddr>, Op
 
 /// An exclude is a CIDR (host bits ignored) or a bare IP (a /32 or /128), parsed strictly.
 fn parse_exclude(text: &str) -> Option<Cidr> {
-    if text.contains('/') {
-        ip::parse_cidr(text, false)
-    } else {
-        ip::parse_ip_strict(text).map(|ip| Cidr { ip, prefix: Family::of(ip).bits() })
-    }
+    if text.contains('/') { ip::parse_cidr(text, false) } else { ip::parse_ip_strict(text).map(|ip| Cidr { ip, prefix: Family::of(ip).bits() }) }
 }
 
 /// ::ffff:0:0/96 as an inclusive interval of IPv6 integers.

@@ -38,11 +38,7 @@ const OPTIONAL_INT_FIELDS: [&str; 2] = ["table", "scope"];
 /// The routes of `ipam` (absent: `None`) as the canonical JSON array text.
 pub fn canonical_routes(ipam: &Map<String, Value>) -> Result<Option<String>> {
     let Some(items) = gojson::array(ipam, "routes", "ipam.routes")? else { return Ok(None) };
-    let routes = items
-        .iter()
-        .enumerate()
-        .map(|(i, route)| canonical_route(route, &format!("ipam.routes[{i}]")))
-        .collect::<Result<Vec<_>>>()?;
+    let routes = items.iter().enumerate().map(|(i, route)| canonical_route(route, &format!("ipam.routes[{i}]"))).collect::<Result<Vec<_>>>()?;
     Ok(Some(Value::Array(routes).to_string()))
 }
 

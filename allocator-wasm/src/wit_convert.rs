@@ -15,12 +15,12 @@ macro_rules! wit_conversions {
         #[allow(dead_code, reason = "each side uses the directions it needs")]
         mod wit_convert {
             use super::*;
-            use $wit as wit;
             use $crate::{
                 error::{ConfigError, ErrorCode},
                 ip::Family,
                 model,
             };
+            use $wit as wit;
 
             pub fn to_offset(value: u128) -> wit::Offset {
                 wit::Offset { high: (value >> 64) as u64, low: value as u64 }

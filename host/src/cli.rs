@@ -8,8 +8,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use thereabouts_allocator::model::{NormalizedConfig, PreviewTable};
 
-use crate::json::pretty;
 use crate::component::EngineComponent;
+use crate::json::pretty;
 use crate::{datastore, ipam, network_config};
 
 #[derive(Debug, Parser)]
@@ -71,9 +71,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         CliCommand::Preview { config, pods, output, from_datastore } => preview(&config, pods, output, from_datastore),
         CliCommand::Pools { config, output } => pools(&config, output),
-        CliCommand::EngineComponent { out } => {
-            std::fs::write(&out, crate::component::COMPONENT_WASM).with_context(|| format!("writing {}", out.display()))
-        }
+        CliCommand::EngineComponent { out } => std::fs::write(&out, crate::component::COMPONENT_WASM).with_context(|| format!("writing {}", out.display())),
     }
 }
 
@@ -153,12 +151,17 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Resu
         Output::Json => print!("{}", pretty(&report)),
         Output::Table => {
             let mut rows = vec![vec!["RANGE".to_string(), "FIRST".into(), "LAST".into(), "USABLE".into(), "GATEWAY".into(), "POOL".into()]];
-            rows.extend(report.ranges.iter().map(|r| vec![r.cidr.clone(), r.first.clone(), r.last.clone(), r.usable.clone(), r.gateway.clone().unwrap_or_else(|| "-".into()), r.pool_name.clone()]));
+            rows.extend(report.ranges.iter().map(|r| {
+                vec![r.cidr.clone(), r.first.clone(), r.last.clone(), r.usable.clone(), r.gateway.clone().unwrap_or_else(|| "-".into()), r.pool_name.clone()]
+            }));
             println!("{}", table(&rows));
             let mut rows = vec![std::iter::once("POD".to_string()).chain(report.ranges.iter().map(|r| r.cidr.clone())).collect::<Vec<_>>()];
-            rows.extend(report.pods.iter().map(|p| {
-                std::iter::once(p.pod.to_string()).chain(p.addresses.iter().map(|a| a.clone().unwrap_or_else(|| "exhausted".into()))).collect()
-            }));
+            rows.extend(
+                report
+                    .pods
+                    .iter()
+                    .map(|p| std::iter::once(p.pod.to_string()).chain(p.addresses.iter().map(|a| a.clone().unwrap_or_else(|| "exhausted".into()))).collect()),
+            );
             print!("{}", table(&rows));
         }
     }

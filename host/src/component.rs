@@ -11,7 +11,6 @@ include!("engine_config.rs");
 
 wasmtime::component::bindgen!({ world: "allocator", path: "../wit" });
 
-
 /// The component as built by build.rs: the file the playground transpiles.
 pub const COMPONENT_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/thereabouts_allocator.wasm"));
 /// The same component precompiled for this host's wasmtime and engine_config(),
@@ -61,14 +60,16 @@ impl EngineComponent {
         // SAFETY: the bytes are the artifact build.rs produced with this very
         // wasmtime version and engine_config(), embedded at compile time; wasmtime
         // still checks version, target and flags and fails cleanly on mismatch.
-        let component = unsafe { Component::deserialize(&engine, &COMPONENT_CWASM.0) }.map_err(anyhow::Error::from).context("loading the precompiled engine component")?;
+        let component =
+            unsafe { Component::deserialize(&engine, &COMPONENT_CWASM.0) }.map_err(anyhow::Error::from).context("loading the precompiled engine component")?;
         Self::instantiate(&engine, &component)
     }
 
     fn instantiate(engine: &Engine, component: &Component) -> Result<Self> {
         let mut store = Store::new(engine, ());
         // The component imports nothing, so an empty linker suffices.
-        let instance = Allocator::instantiate(&mut store, component, &Linker::new(engine)).map_err(anyhow::Error::from).context("instantiating the engine component")?;
+        let instance =
+            Allocator::instantiate(&mut store, component, &Linker::new(engine)).map_err(anyhow::Error::from).context("instantiating the engine component")?;
         Ok(Self { store, instance })
     }
 

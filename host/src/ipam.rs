@@ -172,8 +172,15 @@ fn plan_failure(failure: PlanFailure) -> IpamError {
 
 /// ADD: one address from every range, all recorded in one commit, or none.
 /// Returns the assignments in range order.
-pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<Vec<Assignment>, IpamError> {
-    let mut request = Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None, contention: 0 };
+pub fn allocate(
+    engine: &mut EngineComponent,
+    store: &dyn Datastore,
+    config: &NormalizedConfig,
+    who: Attachment,
+    deadline: Instant,
+) -> Result<Vec<Assignment>, IpamError> {
+    let mut request =
+        Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None, contention: 0 };
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
     until_committed(store, &pools, deadline, "ADD", |conflicts| {
@@ -204,7 +211,12 @@ pub fn allocate(engine: &mut EngineComponent, store: &dyn Datastore, config: &No
         for (range, outcome) in config.ranges.iter().zip(outcomes) {
             match outcome {
                 PlanOutcome::Fresh { assignment } => {
-                    let entry = Allocation { offset: assignment.offset, container_id: request.container_id.clone(), pod_ref: request.pod_ref.clone(), ifname: request.ifname.clone() };
+                    let entry = Allocation {
+                        offset: assignment.offset,
+                        container_id: request.container_id.clone(),
+                        pod_ref: request.pod_ref.clone(),
+                        ifname: request.ifname.clone(),
+                    };
                     if reserving {
                         changes.push(pool_of(range), Change::Reserve { name: assignment.reservation.clone(), holder: entry.clone() });
                     }
@@ -297,7 +309,10 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
     if reserving {
         let leftovers = store.end_release(&in_use, deadline)?;
         if leftovers > 0 {
-            crate::logging::verbose(format!("DEL {}/{}: freed {leftovers} reservation(s) an earlier ADD left without a pool entry", who.container_id, who.ifname));
+            crate::logging::verbose(format!(
+                "DEL {}/{}: freed {leftovers} reservation(s) an earlier ADD left without a pool entry",
+                who.container_id, who.ifname
+            ));
         }
     }
     Ok(removed)
@@ -313,11 +328,7 @@ pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normal
         // different range_start/range_end.
         let matching = engine.release(config, &range.pool_name, entries, &[who.into()]).map_err(EngineFailure)?;
         found.push(
-            matching
-                .iter()
-                .filter_map(|m| entries.get(m.index as usize))
-                .find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset)
-                .cloned(),
+            matching.iter().filter_map(|m| entries.get(m.index as usize)).find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset).cloned(),
         );
     }
     Ok(found)
@@ -346,7 +357,10 @@ pub fn collect_garbage(
     deadline: Instant,
 ) -> Result<Vec<(PoolId, Allocation)>, IpamError> {
     if store.capabilities().shared_by_nodes {
-        crate::logging::verbose(format!("GC: {} is shared by every node; this node's runtime cannot tell which entries are garbage, nothing removed", store.describe()));
+        crate::logging::verbose(format!(
+            "GC: {} is shared by every node; this node's runtime cannot tell which entries are garbage, nothing removed",
+            store.describe()
+        ));
         return Ok(Vec::new());
     }
     let pools = distinct_pools(config);
@@ -509,7 +523,9 @@ mod tests {
         assert!(matches!(unavailable, Err(IpamError::Datastore(DatastoreError::Unavailable { .. }))), "{unavailable:?}");
         assert_eq!(store.finished.get(), 1);
         let store = scripted(vec![conflict()]);
-        let failed = until_committed(&store, &[pool("p")], deadline, "ADD", |c| if c == 0 { Ok(((), one_update())) } else { Err(IpamError::Unplaceable { message: "plan failed".into() }) });
+        let failed = until_committed(&store, &[pool("p")], deadline, "ADD", |c| {
+            if c == 0 { Ok(((), one_update())) } else { Err(IpamError::Unplaceable { message: "plan failed".into() }) }
+        });
         assert!(matches!(failed, Err(IpamError::Unplaceable { message }) if message == "plan failed"));
         assert_eq!(store.finished.get(), 1);
     }

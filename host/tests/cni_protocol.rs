@@ -172,10 +172,13 @@ fn every_command_in_every_spec_version() {
                 assert!(result.get("ips").is_none());
             }
             "0.3.0" | "0.3.1" | "0.4.0" => {
-                assert_eq!(result["ips"], json!([
-                    {"version": "4", "address": "192.0.2.1/24", "gateway": "192.0.2.254"},
-                    {"version": "6", "address": "2001:db8::1/64"}
-                ]));
+                assert_eq!(
+                    result["ips"],
+                    json!([
+                        {"version": "4", "address": "192.0.2.1/24", "gateway": "192.0.2.254"},
+                        {"version": "6", "address": "2001:db8::1/64"}
+                    ])
+                );
                 assert_eq!(result["routes"], json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]));
                 assert_eq!(result["dns"], json!({}));
             }
@@ -319,7 +322,12 @@ fn gc_frees_only_the_calling_networks_entries() {
     let config = |name: &str| json!({"cniVersion": "1.1.0", "name": name, "type": "bridge", "ipam": ipam}).to_string();
     let (a, b) = (config("net-a"), config("net-b"));
     std::fs::create_dir_all(scratch.data()).unwrap();
-    seed_pool(&scratch.data(), "192.0.2.0-24", 1, &json!({"range": "192.0.2.0/24", "allocations": {"9": {"id": "old", "podref": "default/old", "ifname": "eth0"}}}));
+    seed_pool(
+        &scratch.data(),
+        "192.0.2.0-24",
+        1,
+        &json!({"range": "192.0.2.0/24", "allocations": {"9": {"id": "old", "podref": "default/old", "ifname": "eth0"}}}),
+    );
     add(&a, "c1", "p1").ok();
     assert_eq!(addresses(&add(&b, "c2", "p2").ok().json()), ["192.0.2.2/24"]);
     let gc = |config: &str| {
@@ -387,7 +395,11 @@ fn overlapping_ranges_never_share_an_address() {
             .into_iter()
             .enumerate()
             .map(|(n, mut ipam)| {
-                ipam.as_object_mut().unwrap().extend([("type".into(), json!("thereabouts")), ("datastore".into(), json!("file")), ("data_dir".into(), json!(scratch.data()))]);
+                ipam.as_object_mut().unwrap().extend([
+                    ("type".into(), json!("thereabouts")),
+                    ("datastore".into(), json!("file")),
+                    ("data_dir".into(), json!(scratch.data())),
+                ]);
                 json!({"cniVersion": "1.0.0", "name": format!("net-{n}"), "type": "bridge", "ipam": ipam}).to_string()
             })
             .collect();
@@ -452,7 +464,8 @@ fn installed_as_whereabouts_with_whereabouts_type() {
     let scratch = Scratch::new("whereabouts-name");
     let alias = scratch.path("whereabouts");
     std::os::unix::fs::symlink(binary(), &alias).unwrap();
-    let config = net("0.3.1", json!({"type": "whereabouts", "datastore": "file", "data_dir": scratch.data(), "range": "192.0.2.0/24", "exclude": ["192.0.2.0/30"]}));
+    let config =
+        net("0.3.1", json!({"type": "whereabouts", "datastore": "file", "data_dir": scratch.data(), "range": "192.0.2.0/24", "exclude": ["192.0.2.0/30"]}));
     let result = run_with(&alias, &cni_env("ADD", "c1", &pod("p1")), &config).ok().json();
     assert_eq!(result["ips"], json!([{"version": "4", "address": "192.0.2.4/24"}]));
     run_with(&alias, &cni_env("DEL", "c1", ""), &config).ok();
@@ -488,10 +501,16 @@ fn conflists_static_addresses_dns_and_requested_ips() {
 #[test]
 fn a_configured_gateway_is_never_handed_out() {
     let scratch = Scratch::new("gateway");
-    let per_range = net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.path("a"),
-        "ipRanges": [{"range": "192.0.2.0/29", "gateway": "192.0.2.1"}]}));
-    let top_level = net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.path("b"),
-        "gateway": "192.0.2.1", "range": "192.0.2.0/29"}));
+    let per_range = net(
+        "1.0.0",
+        json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.path("a"),
+        "ipRanges": [{"range": "192.0.2.0/29", "gateway": "192.0.2.1"}]}),
+    );
+    let top_level = net(
+        "1.0.0",
+        json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.path("b"),
+        "gateway": "192.0.2.1", "range": "192.0.2.0/29"}),
+    );
     for config in [per_range, top_level] {
         let result = add(&config, "c1", "p1").ok().json();
         assert_eq!(result["ips"], json!([{"address": "192.0.2.2/29", "gateway": "192.0.2.1"}]), "{config}");
@@ -501,13 +520,19 @@ fn a_configured_gateway_is_never_handed_out() {
 #[test]
 fn routes_are_printed_in_go_canonical_form() {
     let scratch = Scratch::new("routes");
-    let config = net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(),
+    let config = net(
+        "1.0.0",
+        json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(),
         "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64"}],
         "routes": [{"dst": "3ffe:ffff:0:01ff::1/64", "gw": "2001:DB8::0001", "comment": "dropped"},
-                   {"dst": "198.51.100.0/24", "gw": "::ffff:192.0.2.254", "mtu": 1400, "table": 0}]}));
+                   {"dst": "198.51.100.0/24", "gw": "::ffff:192.0.2.254", "mtu": 1400, "table": 0}]}),
+    );
     let result = add(&config, "c1", "p1").ok().json();
-    assert_eq!(result["routes"], json!([{"dst": "3ffe:ffff:0:1ff::1/64", "gw": "2001:db8::1"},
-                                        {"dst": "198.51.100.0/24", "gw": "192.0.2.254", "mtu": 1400, "table": 0}]));
+    assert_eq!(
+        result["routes"],
+        json!([{"dst": "3ffe:ffff:0:1ff::1/64", "gw": "2001:db8::1"},
+                                        {"dst": "198.51.100.0/24", "gw": "192.0.2.254", "mtu": 1400, "table": 0}])
+    );
 }
 
 #[test]
@@ -532,7 +557,10 @@ fn flat_file_is_optional_but_used_when_present() {
 fn log_file_and_level_are_honoured_and_stdout_stays_clean() {
     let scratch = Scratch::new("logging");
     let log = scratch.path("plugin.log");
-    let config = net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(), "range": "192.0.2.0/24", "log_file": log, "log_level": "debug"}));
+    let config = net(
+        "1.0.0",
+        json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(), "range": "192.0.2.0/24", "log_file": log, "log_level": "debug"}),
+    );
     add(&config, "c1", "p1").ok().json();
     del(&config, "c1").ok();
     let text = std::fs::read_to_string(&log).unwrap();
@@ -582,9 +610,17 @@ fn bad_input_fails_cleanly_without_touching_the_datastore() {
         (net("1.0.0", ipam(json!({"routes": [{"dst": "0.0.0.0/0", "gw": "192.0.2.001"}]}))), 7, "ipam.routes[0].gw"),
         (net("1.0.0", json!({"type": "host-local", "subnet": "192.0.2.0/24"})), 7, "IPAM type"),
         (net("1.0.0", json!({"type": "thereabouts", "range": "192.0.2.0/24"})), 7, "ipam.datastore is not set"),
-        (net("1.0.0", json!({"type": "thereabouts", "range": "192.0.2.0/24", "kubernetes": {"kubeconfig": "/etc/kc"}})), 7, "kubeconfig /etc/kc is unusable: cannot read it"),
+        (
+            net("1.0.0", json!({"type": "thereabouts", "range": "192.0.2.0/24", "kubernetes": {"kubeconfig": "/etc/kc"}})),
+            7,
+            "kubeconfig /etc/kc is unusable: cannot read it",
+        ),
         (net("1.0.0", ipam(json!({"datastore": "etcd"}))), 7, "needs \"etcd_host\""),
-        (net("1.0.0", ipam(json!({"datastore": "etcd", "etcd_host": "127.0.0.1:2379", "etcd_ca_cert_file": "/nonexistent/ca.pem"}))), 7, "etcd_ca_cert_file /nonexistent/ca.pem"),
+        (
+            net("1.0.0", ipam(json!({"datastore": "etcd", "etcd_host": "127.0.0.1:2379", "etcd_ca_cert_file": "/nonexistent/ca.pem"}))),
+            7,
+            "etcd_ca_cert_file /nonexistent/ca.pem",
+        ),
         (net("1.0.0", ipam(json!({"data_dir": scratch.path("a-file")}))), 7, "not a directory"),
         (net("1.0.0", ipam(json!({"data_dir": scratch.path("a-file/sub")}))), 7, "not a directory"),
         (json!({"cniVersion": "1.0.0", "type": "bridge", "ipam": ipam(json!({}))}).to_string(), 7, "name"),
@@ -627,7 +663,10 @@ fn cli_preview_pools_and_engine_component() {
     let out = cli(&["preview", "--config", config_path.to_str().unwrap(), "--pods", "3", "--output", "json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["ranges"][0], json!({"cidr": "192.0.2.0/30", "first": "192.0.2.1", "last": "192.0.2.2", "usable": "2", "pool_name": "192.0.2.0-30", "gateway": null}));
+    assert_eq!(
+        report["ranges"][0],
+        json!({"cidr": "192.0.2.0/30", "first": "192.0.2.1", "last": "192.0.2.2", "usable": "2", "pool_name": "192.0.2.0-30", "gateway": null})
+    );
     assert_eq!(report["ranges"][1]["gateway"], "2001:db8::ffff");
     assert_eq!(report["pods"][0], json!({"pod": 1, "addresses": ["192.0.2.1/30", "2001:db8::1/64"]}));
     // Pod 3's ADD would fail (the /30 is full) and store nothing: no address at all.
@@ -708,7 +747,12 @@ fn a_partial_commit_is_repaired_by_the_next_add_or_del() {
     assert_eq!(pool_doc(&scratch.data(), "2001-db8---64")["allocations"]["1"]["id"], "c1");
     assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"].as_object().unwrap().len(), 1);
 
-    seed_pool(&scratch.data(), "192.0.2.0-24", 9, &json!({"range": "192.0.2.0/24", "allocations": {"5": {"id": "c2", "podref": "default/p2", "ifname": "eth0"}}}));
+    seed_pool(
+        &scratch.data(),
+        "192.0.2.0-24",
+        9,
+        &json!({"range": "192.0.2.0/24", "allocations": {"5": {"id": "c2", "podref": "default/p2", "ifname": "eth0"}}}),
+    );
     del(&config, "c2").ok();
     assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"], json!({}));
 }

@@ -47,9 +47,7 @@ fn component_has_zero_imports_and_exports_the_engine() {
     assert_eq!(core_imports, 0, "the core module inside must import nothing");
     assert!(exports.contains(&"thereabouts:ipam/engine@0.1.0".to_string()), "exports: {exports:?}");
     assert!(exports.contains(&"thereabouts:ipam/types@0.1.0".to_string()), "exports: {exports:?}");
-    wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::all())
-        .validate_all(COMPONENT_WASM)
-        .expect("component validates");
+    wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::all()).validate_all(COMPONENT_WASM).expect("component validates");
 
     // The same question asked the way `wasm-tools component wit` answers it: the
     // component's world, decoded, has no imports.

@@ -10,13 +10,13 @@ use serde_json::{Map, Value};
 use thereabouts_allocator::config::SUPPORTED_CNI_VERSIONS;
 use thereabouts_allocator::model::{Assignment, NormalizedConfig};
 
-use super::env::{Command, CniEnv};
+use super::env::{CniEnv, Command};
 use super::error::{CniError, code};
 use super::result::{IpConfig, IpamResult};
-use crate::json::pretty;
 use crate::component::{EngineComponent, EngineFailure};
 use crate::datastore::{self, Datastore, retry};
 use crate::ipam::{self, Attachment};
+use crate::json::pretty;
 use crate::logging;
 use crate::network_config;
 
@@ -104,12 +104,7 @@ fn deadline(default: std::time::Duration) -> Instant {
 fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<String, CniError> {
     let assignments = ipam::allocate(engine, store, config, who, deadline(retry::ADD_BUDGET))?;
     let result = build_result(config, &assignments)?;
-    logging::verbose(format!(
-        "ADD {}/{}: {}",
-        who.container_id,
-        who.ifname,
-        result.ips.iter().map(|ip| ip.address.as_str()).collect::<Vec<_>>().join(", ")
-    ));
+    logging::verbose(format!("ADD {}/{}: {}", who.container_id, who.ifname, result.ips.iter().map(|ip| ip.address.as_str()).collect::<Vec<_>>().join(", ")));
     result.to_json(&config.cni_version)
 }
 
@@ -156,7 +151,10 @@ fn check(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normalize
         let entry = entry.ok_or_else(|| {
             CniError::new(code::INTERNAL, format!("no allocation in range {} for container {} interface {}", range.cidr, who.container_id, who.ifname))
         })?;
-        ours.push(ipam::address_of(range, entry.offset).ok_or_else(|| CniError::new(code::INTERNAL, format!("stored offset {} is outside {}", entry.offset, range.cidr)))?);
+        ours.push(
+            ipam::address_of(range, entry.offset)
+                .ok_or_else(|| CniError::new(code::INTERNAL, format!("stored offset {} is outside {}", entry.offset, range.cidr)))?,
+        );
     }
     ours.extend(config.addresses.iter().map(|s| s.address.clone()));
     for address in &ours {
@@ -168,7 +166,10 @@ fn check(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normalize
         let Some(ip) = address.split('/').next().and_then(|ip| ip.parse::<IpAddr>().ok()) else { continue };
         let inside_ours = config.ranges.iter().any(|r| thereabouts_allocator::planner::offset_of(r, ip).is_some());
         if inside_ours && !ours.iter().any(|o| same_address(o, address)) {
-            return Err(CniError::new(code::INTERNAL, format!("prevResult address {address} is not allocated to container {} interface {}", who.container_id, who.ifname)));
+            return Err(CniError::new(
+                code::INTERNAL,
+                format!("prevResult address {address} is not allocated to container {} interface {}", who.container_id, who.ifname),
+            ));
         }
     }
     logging::verbose(format!("CHECK {}/{}: {} address(es) match", who.container_id, who.ifname, ours.len()));
@@ -191,7 +192,8 @@ fn same_address(a: &str, b: &str) -> bool {
 /// the result has the `ips` layout).
 fn prev_result_addresses(stdin: &str) -> Result<Vec<String>, CniError> {
     let doc: Value = serde_json::from_str(stdin).map_err(|e| CniError::new(code::DECODE, format!("network config: JSON parsing error: {e}")))?;
-    let prev = doc.get("prevResult").filter(|v| !v.is_null()).ok_or_else(|| CniError::new(code::INVALID_CONFIG, "CHECK requires prevResult in the network config"))?;
+    let prev =
+        doc.get("prevResult").filter(|v| !v.is_null()).ok_or_else(|| CniError::new(code::INVALID_CONFIG, "CHECK requires prevResult in the network config"))?;
     let ips = match prev.get("ips") {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(ips)) => ips,

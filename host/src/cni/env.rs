@@ -75,8 +75,7 @@ pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<CniEnv, Cn
     if command_text.is_empty() {
         return Err(missing(&["CNI_COMMAND"]));
     }
-    let command = Command::parse(&command_text)
-        .ok_or_else(|| CniError::new(code::INVALID_ENV, format!("unknown CNI_COMMAND: {command_text}")))?;
+    let command = Command::parse(&command_text).ok_or_else(|| CniError::new(code::INVALID_ENV, format!("unknown CNI_COMMAND: {command_text}")))?;
     let missing_names: Vec<&str> = command.required().iter().copied().filter(|name| get(name).is_empty()).collect();
     if !missing_names.is_empty() {
         return Err(missing(&missing_names));

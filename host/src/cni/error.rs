@@ -99,10 +99,9 @@ fn datastore_code(e: &DatastoreError) -> u32 {
         | DatastoreError::Timeout { .. }
         | DatastoreError::Io { .. }
         | DatastoreError::Unavailable { .. } => code::TRY_AGAIN_LATER,
-        DatastoreError::NotADirectory { .. }
-        | DatastoreError::Unconfigured { .. }
-        | DatastoreError::Kubeconfig { .. }
-        | DatastoreError::EtcdConfig { .. } => code::INVALID_CONFIG,
+        DatastoreError::NotADirectory { .. } | DatastoreError::Unconfigured { .. } | DatastoreError::Kubeconfig { .. } | DatastoreError::EtcdConfig { .. } => {
+            code::INVALID_CONFIG
+        }
         DatastoreError::Corrupt { .. }
         | DatastoreError::Inconsistent { .. }
         | DatastoreError::Denied { .. }

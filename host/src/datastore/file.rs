@@ -46,12 +46,12 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -218,8 +218,10 @@ impl FileStore {
             .collect::<Result<Vec<_>, _>>()?;
         // The commit's own pools as read; the others from disk, under the locks
         // every commit that reserves in these scopes takes.
-        let before: BTreeMap<&str, Vec<u128>> =
-            read.iter().map(|(u, current)| (u.pool.name.as_str(), current.as_ref().map(|(_, p)| p.entries.iter().map(|e| e.offset).collect()).unwrap_or_default())).collect();
+        let before: BTreeMap<&str, Vec<u128>> = read
+            .iter()
+            .map(|(u, current)| (u.pool.name.as_str(), current.as_ref().map(|(_, p)| p.entries.iter().map(|e| e.offset).collect()).unwrap_or_default()))
+            .collect();
         let mut names = self.pool_names()?;
         names.extend(before.keys().map(|n| n.to_string()));
         names.sort_unstable();
@@ -332,11 +334,7 @@ impl Datastore for FileStore {
         }
         // Held until the end of the function: every rename happens under every lock.
         let already_held: Vec<String> = self.held.lock().map(|h| h.keys().cloned().collect()).unwrap_or_default();
-        let _locks = order
-            .iter()
-            .filter(|u| !already_held.contains(&u.pool.name))
-            .map(|u| self.lock(&u.pool.name, deadline))
-            .collect::<Result<Vec<_>, _>>()?;
+        let _locks = order.iter().filter(|u| !already_held.contains(&u.pool.name)).map(|u| self.lock(&u.pool.name, deadline)).collect::<Result<Vec<_>, _>>()?;
 
         // Check every version and reservation and build every outgrown file
         // before touching any pool, so a failure up to here leaves every pool as
@@ -568,7 +566,8 @@ fn encode(pool: &PoolId, stored: &Stored) -> Vec<u8> {
 /// that created each where known (the version is the slot's, not set here).
 fn decode(path: &Path, bytes: &[u8]) -> Result<(String, Pool), DatastoreError> {
     let corrupt = |detail: String| DatastoreError::Corrupt { path: path.to_path_buf(), detail };
-    let doc: PoolDoc = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a pool document ({{\"range\", \"allocations\": {{decimal offset: entry}}}}): {e}")))?;
+    let doc: PoolDoc =
+        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a pool document ({{\"range\", \"allocations\": {{decimal offset: entry}}}}): {e}")))?;
     // One allocation per network, not per entry: the entries of a pool come
     // from a handful of networks.
     let mut networks: Vec<Arc<str>> = Vec::new();
@@ -673,7 +672,11 @@ mod tests {
     /// An insert with its reservation, as an ADD with `enable_overlapping_ranges` plans it.
     fn reserving(pool: &PoolId, expected: Version, offset: u128, id: &str) -> PoolUpdate {
         let holder = alloc(offset, id);
-        PoolUpdate { pool: pool.clone(), expected, changes: vec![Change::Reserve { name: format!("addr-{offset}"), holder: holder.clone() }, Change::Insert(holder)] }
+        PoolUpdate {
+            pool: pool.clone(),
+            expected,
+            changes: vec![Change::Reserve { name: format!("addr-{offset}"), holder: holder.clone() }, Change::Insert(holder)],
+        }
     }
 
     #[test]
@@ -788,9 +791,18 @@ mod tests {
         assert_eq!(decode_as(path, &bytes, &p).unwrap(), Pool { version: Version::absent(), entries: entries.into_values().collect(), created_by });
         // Missing fields read as empty; no allocations at all is an empty pool.
         let sparse = br#"{"range": "2001:db8::/64", "allocations": {"5": {"id": "c"}}}"#;
-        assert_eq!(decode_as(path, sparse, &p).unwrap().entries, vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]);
+        assert_eq!(
+            decode_as(path, sparse, &p).unwrap().entries,
+            vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]
+        );
         assert_eq!(decode_as(path, br#"{"range": "2001:db8::/64"}"#, &p).unwrap(), Pool::default());
-        for bad in [&br#"{"range": "2001:db8::/64", "allocations": []}"#[..], br#"{"range": "2001:db8::/64", "allocations": {"x": {}}}"#, br#"{"allocations": {}}"#, b"{", br#"{"range": "192.0.2.0/24"}"#] {
+        for bad in [
+            &br#"{"range": "2001:db8::/64", "allocations": []}"#[..],
+            br#"{"range": "2001:db8::/64", "allocations": {"x": {}}}"#,
+            br#"{"allocations": {}}"#,
+            b"{",
+            br#"{"range": "192.0.2.0/24"}"#,
+        ] {
             assert!(matches!(decode_as(path, bad, &p), Err(DatastoreError::Corrupt { .. })), "{}", String::from_utf8_lossy(bad));
         }
     }
@@ -800,7 +812,12 @@ mod tests {
         let dir = temp_dir("changes");
         let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
-        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a")), Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
+        store
+            .commit(
+                &[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a")), Change::Insert(alloc(2, "b"))] }],
+                soon(),
+            )
+            .unwrap();
         let v = store.load(&p).unwrap().version;
         let changes = vec![Change::Remove { offset: 1 }, Change::SetContainerId { offset: 2, container_id: "b2".into() }];
         store.commit(&[PoolUpdate { pool: p.clone(), expected: v, changes }], soon()).unwrap();

@@ -24,10 +24,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The workspace root (two levels above this crate).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("workspace root")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
 }
 
 /// Path of the shipped `thereabouts` binary (the static build of
@@ -42,17 +39,8 @@ pub fn thereabouts_bin() -> PathBuf {
     } else {
         workspace_root().join("target/plugin/thereabouts")
     };
-    assert!(
-        path.is_file(),
-        "plugin binary {} not found: run `bash scripts/build-plugin.sh` first (or set THEREABOUTS_BIN)",
-        path.display()
-    );
-    let out = Command::new(&path)
-        .env_clear()
-        .env("CNI_COMMAND", "VERSION")
-        .stdin(Stdio::null())
-        .output()
-        .expect("exec thereabouts VERSION");
+    assert!(path.is_file(), "plugin binary {} not found: run `bash scripts/build-plugin.sh` first (or set THEREABOUTS_BIN)", path.display());
+    let out = Command::new(&path).env_clear().env("CNI_COMMAND", "VERSION").stdin(Stdio::null()).output().expect("exec thereabouts VERSION");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert!(
         out.status.success() && v.get("supportedVersions").is_some(),
@@ -75,12 +63,7 @@ impl TempDir {
     /// Like `new`, under `base` (e.g. a tmpfs, to take the disk out of a measurement).
     pub fn new_in(base: &Path, tag: &str) -> TempDir {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let p = base.join(format!(
-            "thab-e2e-{tag}-{}-{}-{:08x}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed),
-            fastrand::u32(..)
-        ));
+        let p = base.join(format!("thab-e2e-{tag}-{}-{}-{:08x}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), fastrand::u32(..)));
         std::fs::create_dir_all(&p).expect("create temp dir");
         TempDir(p)
     }
@@ -107,13 +90,7 @@ impl Drop for TempDir {
 
 /// A network config whose IPAM section is thereabouts on the file datastore.
 /// `legacy_range` becomes the top-level `range` (allocated first), `ip_ranges` the `ipRanges` list.
-pub fn thereabouts_conf(
-    cni_version: &str,
-    name: &str,
-    data_dir: &Path,
-    legacy_range: Option<&str>,
-    ip_ranges: &[&str],
-) -> Value {
+pub fn thereabouts_conf(cni_version: &str, name: &str, data_dir: &Path, legacy_range: Option<&str>, ip_ranges: &[&str]) -> Value {
     let mut ipam = json!({
         "type": "thereabouts",
         "datastore": "file",
@@ -186,10 +163,7 @@ impl Call {
 
     /// Starts the plugin with `stdin` written and closed; stdout/stderr are piped.
     pub fn spawn(&self, bin: &Path, stdin: &str) -> Child {
-        let mut child = self
-            .command(bin)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        let mut child = self.command(bin).spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
         let mut si = child.stdin.take().expect("stdin");
         // The config is far below the pipe buffer size, so this never blocks; a child
         // killed before reading gives EPIPE, which is fine.
@@ -246,12 +220,7 @@ impl Call {
         child.stderr.take().unwrap().read_to_end(&mut err).unwrap();
         let st = child.wait().unwrap();
         if !st.success() {
-            eprintln!(
-                "{} failed: {} {}",
-                self.command,
-                String::from_utf8_lossy(&out),
-                String::from_utf8_lossy(&err)
-            );
+            eprintln!("{} failed: {} {}", self.command, String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
         }
         (st, out)
     }
@@ -285,19 +254,14 @@ impl Outcome {
             self.call.ifname,
             self.call.cni_args,
             self.status.code(),
-            if self.timed_out {
-                " (TIMED OUT, killed)"
-            } else {
-                ""
-            },
+            if self.timed_out { " (TIMED OUT, killed)" } else { "" },
             self.elapsed,
             self.stdout.trim(),
             self.stderr.trim()
         )
     }
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.describe()))
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.describe()))
     }
     /// `ips[].address` of a CNI result, in order.
     pub fn ips(&self) -> Vec<String> {
@@ -305,21 +269,11 @@ impl Outcome {
     }
     /// A failed call must print a CNI error object (`code`, `msg`) on stdout.
     pub fn expect_cni_error(&self, what: &str) -> Value {
-        assert!(
-            !self.status.success(),
-            "{what}: expected failure, got success: {}",
-            self.describe()
-        );
+        assert!(!self.status.success(), "{what}: expected failure, got success: {}", self.describe());
         assert!(!self.timed_out, "{what}: timed out: {}", self.describe());
-        let v: Value = serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
-            panic!(
-                "{what}: error output is not a CNI error JSON ({e}): {}",
-                self.describe()
-            )
-        });
+        let v: Value = serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{what}: error output is not a CNI error JSON ({e}): {}", self.describe()));
         assert!(
-            v.get("code").and_then(Value::as_u64).is_some()
-                && v.get("msg").and_then(Value::as_str).is_some(),
+            v.get("code").and_then(Value::as_u64).is_some() && v.get("msg").and_then(Value::as_str).is_some(),
             "{what}: error JSON lacks code/msg: {}",
             self.describe()
         );
@@ -329,52 +283,27 @@ impl Outcome {
 
 /// `ips[].address` (with prefix) of a CNI 0.3+ result.
 pub fn result_ips(v: &Value) -> Vec<String> {
-    v.get("ips")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .map(|ip| ip["address"].as_str().expect("ips[].address").to_string())
-                .collect()
-        })
-        .unwrap_or_default()
+    v.get("ips").and_then(Value::as_array).map(|a| a.iter().map(|ip| ip["address"].as_str().expect("ips[].address").to_string()).collect()).unwrap_or_default()
 }
 
 /// `192.0.2.5/24` -> 192.0.2.5
 pub fn addr_of(cidr: &str) -> IpAddr {
-    cidr.split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|e| panic!("bad address {cidr:?}: {e}"))
+    cidr.split('/').next().unwrap().parse().unwrap_or_else(|e| panic!("bad address {cidr:?}: {e}"))
 }
 
 /// Network address and prefix length of a pool's `range` (`A/len` or `A-B/len`).
 pub fn range_network(range: &str) -> (IpAddr, u8) {
-    let (ip, len) = range
-        .rsplit_once('/')
-        .unwrap_or_else(|| panic!("range without prefix: {range:?}"));
+    let (ip, len) = range.rsplit_once('/').unwrap_or_else(|| panic!("range without prefix: {range:?}"));
     let ip = ip.split('-').next().unwrap();
-    let ip: IpAddr = ip
-        .parse()
-        .unwrap_or_else(|e| panic!("bad range {range:?}: {e}"));
-    let len: u8 = len
-        .parse()
-        .unwrap_or_else(|e| panic!("bad prefix in {range:?}: {e}"));
+    let ip: IpAddr = ip.parse().unwrap_or_else(|e| panic!("bad range {range:?}: {e}"));
+    let len: u8 = len.parse().unwrap_or_else(|e| panic!("bad prefix in {range:?}: {e}"));
     match ip {
         IpAddr::V4(a) => {
-            let mask = if len == 0 {
-                0
-            } else {
-                u32::MAX << (32 - len as u32)
-            };
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len as u32) };
             (IpAddr::V4((u32::from(a) & mask).into()), len)
         }
         IpAddr::V6(a) => {
-            let mask = if len == 0 {
-                0
-            } else {
-                u128::MAX << (128 - len as u32)
-            };
+            let mask = if len == 0 { 0 } else { u128::MAX << (128 - len as u32) };
             (IpAddr::V6((u128::from(a) & mask).into()), len)
         }
     }
@@ -472,13 +401,7 @@ pub fn parse_pool(file: &Path) -> Result<Pool, String> {
     let bytes = std::fs::read(file).map_err(|e| format!("{}: unreadable: {e}", file.display()))?;
     let (_, payload) = newest_slot(&bytes).ok_or_else(|| format!("{}: torn: no intact slot ({} bytes)", file.display(), bytes.len()))?;
     let text = String::from_utf8_lossy(&payload).into_owned();
-    let raw: RawPool = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "{}: not a pool file ({e}); content: {:?}",
-            file.display(),
-            truncate(&text, 400)
-        )
-    })?;
+    let raw: RawPool = serde_json::from_str(&text).map_err(|e| format!("{}: not a pool file ({e}); content: {:?}", file.display(), truncate(&text, 400)))?;
     let (net, _) = range_network(&raw.range);
     let mut seen = std::collections::HashSet::new();
     let mut allocs = Vec::new();
@@ -486,36 +409,13 @@ pub fn parse_pool(file: &Path) -> Result<Pool, String> {
         if !seen.insert(k.clone()) {
             return Err(format!("{}: duplicate allocation key {k}", file.display()));
         }
-        let off: u128 = k.parse().map_err(|_| {
-            format!(
-                "{}: allocation key {k:?} is not a decimal offset",
-                file.display()
-            )
-        })?;
+        let off: u128 = k.parse().map_err(|_| format!("{}: allocation key {k:?} is not a decimal offset", file.display()))?;
         let s = |f: &str| -> Result<String, String> {
-            v.get(f)
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .ok_or_else(|| {
-                    format!(
-                        "{}: allocation {k} lacks string field {f:?}: {v}",
-                        file.display()
-                    )
-                })
+            v.get(f).and_then(Value::as_str).map(str::to_string).ok_or_else(|| format!("{}: allocation {k} lacks string field {f:?}: {v}", file.display()))
         };
-        allocs.push(Alloc {
-            key: k.clone(),
-            addr: add_offset(net, off),
-            id: s("id")?,
-            podref: s("podref")?,
-            ifname: s("ifname")?,
-        });
+        allocs.push(Alloc { key: k.clone(), addr: add_offset(net, off), id: s("id")?, podref: s("podref")?, ifname: s("ifname")? });
     }
-    Ok(Pool {
-        file: file.to_path_buf(),
-        range: raw.range,
-        allocs,
-    })
+    Ok(Pool { file: file.to_path_buf(), range: raw.range, allocs })
 }
 
 fn truncate(s: &str, n: usize) -> &str {
@@ -562,25 +462,10 @@ pub fn check_unique(pools: &[Pool]) -> Result<BTreeMap<IpAddr, Alloc>, String> {
         let mut per_owner: HashMap<(&str, &str), &Alloc> = HashMap::new();
         for a in &p.allocs {
             if let Some(prev) = per_owner.insert((&a.id, &a.ifname), a) {
-                return Err(format!(
-                    "{}: attachment {}/{} holds two addresses: {} and {}",
-                    p.file.display(),
-                    a.id,
-                    a.ifname,
-                    prev.addr,
-                    a.addr
-                ));
+                return Err(format!("{}: attachment {}/{} holds two addresses: {} and {}", p.file.display(), a.id, a.ifname, prev.addr, a.addr));
             }
             if let Some(prev) = by_addr.insert(a.addr, a.clone()) {
-                return Err(format!(
-                    "DUPLICATE address {} held by {}/{} and {}/{} (in {})",
-                    a.addr,
-                    prev.id,
-                    prev.ifname,
-                    a.id,
-                    a.ifname,
-                    p.file.display()
-                ));
+                return Err(format!("DUPLICATE address {} held by {}/{} and {}/{} (in {})", a.addr, prev.id, prev.ifname, a.id, a.ifname, p.file.display()));
             }
         }
     }

@@ -11,10 +11,7 @@ use std::time::{Duration, Instant};
 use thereabouts_e2e::*;
 
 fn knob(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// Runs `per` calls in each of `workers` threads (one plugin process per thread at a time).
@@ -29,21 +26,14 @@ where
                 s.spawn(move || (0..per).map(|i| f(w, i)).collect::<Vec<_>>())
             })
             .collect();
-        hs.into_iter()
-            .flat_map(|h| h.join().expect("worker panicked"))
-            .collect()
+        hs.into_iter().flat_map(|h| h.join().expect("worker panicked")).collect()
     })
 }
 
 fn latency_summary(outs: &[Outcome]) -> String {
     let mut d: Vec<Duration> = outs.iter().map(|o| o.elapsed).collect();
     d.sort();
-    format!(
-        "median {:?}, p90 {:?}, max {:?}",
-        percentile(&d, 50.0),
-        percentile(&d, 90.0),
-        d.last().copied().unwrap_or_default()
-    )
+    format!("median {:?}, p90 {:?}, max {:?}", percentile(&d, 50.0), percentile(&d, 90.0), d.last().copied().unwrap_or_default())
 }
 
 #[test]
@@ -62,9 +52,7 @@ fn concurrent_dual_stack_adds_and_dels_never_duplicate() {
     let conf = thereabouts_conf("1.1.0", "thab-conc", &data, None, &[v4, v6]).to_string();
 
     let t0 = Instant::now();
-    let adds = fan_out(workers, per, |w, i| {
-        Call::pod("ADD", &format!("conc-w{w}-i{i}"), &format!("pod-w{w}-i{i}")).run(&bin, &conf)
-    });
+    let adds = fan_out(workers, per, |w, i| Call::pod("ADD", &format!("conc-w{w}-i{i}"), &format!("pod-w{w}-i{i}")).run(&bin, &conf));
     let add_wall = t0.elapsed();
     assert_all_succeeded(&adds, "concurrent ADDs");
 
@@ -76,28 +64,12 @@ fn concurrent_dual_stack_adds_and_dels_never_duplicate() {
     let mut expect: HashMap<String, Vec<IpAddr>> = HashMap::new();
     for o in &adds {
         let ips = o.ips();
-        assert_eq!(
-            ips.len(),
-            2,
-            "expected one v4 and one v6 address: {}",
-            o.describe()
-        );
+        assert_eq!(ips.len(), 2, "expected one v4 and one v6 address: {}", o.describe());
         let a4 = addr_of(&ips[0]);
         let a6 = addr_of(&ips[1]);
-        assert!(
-            matches!(a4, IpAddr::V4(_)) && range_network(&format!("{a4}/21")).0 == net4,
-            "first address not in {v4}: {}",
-            o.describe()
-        );
-        assert!(
-            matches!(a6, IpAddr::V6(_)) && range_network(&format!("{a6}/64")).0 == net6,
-            "second address not in {v6}: {}",
-            o.describe()
-        );
-        assert!(
-            ips[0].ends_with("/21") && ips[1].ends_with("/64"),
-            "prefix length must be the range's: {ips:?}"
-        );
+        assert!(matches!(a4, IpAddr::V4(_)) && range_network(&format!("{a4}/21")).0 == net4, "first address not in {v4}: {}", o.describe());
+        assert!(matches!(a6, IpAddr::V6(_)) && range_network(&format!("{a6}/64")).0 == net6, "second address not in {v6}: {}", o.describe());
+        assert!(ips[0].ends_with("/21") && ips[1].ends_with("/64"), "prefix length must be the range's: {ips:?}");
         for a in [a4, a6] {
             if let Some(prev) = owner.insert(a, o.call.container_id.clone()) {
                 dups.push(format!("{a}: {prev} and {}", o.call.container_id));
@@ -105,39 +77,17 @@ fn concurrent_dual_stack_adds_and_dels_never_duplicate() {
         }
         expect.insert(o.call.container_id.clone(), vec![a4, a6]);
     }
-    assert!(
-        dups.is_empty(),
-        "{} duplicate addresses in ADD results, e.g. {:?}",
-        dups.len(),
-        &dups[..dups.len().min(10)]
-    );
+    assert!(dups.is_empty(), "{} duplicate addresses in ADD results, e.g. {:?}", dups.len(), &dups[..dups.len().min(10)]);
 
     // Pool files: parse, unique, and exactly the results (owner and address agree).
     let (pools, others) = read_store(&data).unwrap_or_else(|e| panic!("{e}"));
-    let by_addr =
-        check_unique(&pools).unwrap_or_else(|e| panic!("pool files after concurrent ADDs: {e}"));
-    assert_eq!(
-        by_addr.len(),
-        2 * n,
-        "pool files hold {} allocations, expected {}",
-        by_addr.len(),
-        2 * n
-    );
+    let by_addr = check_unique(&pools).unwrap_or_else(|e| panic!("pool files after concurrent ADDs: {e}"));
+    assert_eq!(by_addr.len(), 2 * n, "pool files hold {} allocations, expected {}", by_addr.len(), 2 * n);
     for (a, who) in &owner {
-        let e = by_addr
-            .get(a)
-            .unwrap_or_else(|| panic!("address {a} returned to {who} is not in any pool file"));
-        assert_eq!(
-            &e.id, who,
-            "pool file says {a} belongs to {}, the ADD result gave it to {who}",
-            e.id
-        );
+        let e = by_addr.get(a).unwrap_or_else(|| panic!("address {a} returned to {who} is not in any pool file"));
+        assert_eq!(&e.id, who, "pool file says {a} belongs to {}, the ADD result gave it to {who}", e.id);
         assert_eq!(e.ifname, "eth0");
-        assert!(
-            e.podref.starts_with("default/pod-"),
-            "podref {:?} for {who}",
-            e.podref
-        );
+        assert!(e.podref.starts_with("default/pod-"), "podref {:?} for {who}", e.podref);
     }
     let pods: HashSet<&str> = by_addr.values().map(|a| a.podref.as_str()).collect();
     assert_eq!(pods.len(), n, "each pod must appear in the pools");
@@ -146,41 +96,22 @@ fn concurrent_dual_stack_adds_and_dels_never_duplicate() {
     let again = Call::pod("ADD", "conc-w0-i0", "pod-w0-i0").run(&bin, &conf);
     if again.ok() {
         let ips: Vec<IpAddr> = again.ips().iter().map(|s| addr_of(s)).collect();
-        assert_eq!(
-            ips, expect["conc-w0-i0"],
-            "repeated ADD (whereabouts: idempotent on podRef+ifname) returned other addresses"
-        );
+        assert_eq!(ips, expect["conc-w0-i0"], "repeated ADD (whereabouts: idempotent on podRef+ifname) returned other addresses");
     }
     let (pools, _) = read_store(&data).unwrap();
-    assert_eq!(
-        count_allocs(&pools),
-        2 * n,
-        "a repeated ADD changed the number of allocations"
-    );
+    assert_eq!(count_allocs(&pools), 2 * n, "a repeated ADD changed the number of allocations");
 
     // Concurrent DELs free everything.
     let t1 = Instant::now();
-    let dels = fan_out(workers, per, |w, i| {
-        Call::pod("DEL", &format!("conc-w{w}-i{i}"), &format!("pod-w{w}-i{i}")).run(&bin, &conf)
-    });
+    let dels = fan_out(workers, per, |w, i| Call::pod("DEL", &format!("conc-w{w}-i{i}"), &format!("pod-w{w}-i{i}")).run(&bin, &conf));
     let del_wall = t1.elapsed();
     assert_all_succeeded(&dels, "concurrent DELs");
     let (pools, others_after) = read_store(&data).unwrap_or_else(|e| panic!("{e}"));
-    let left: Vec<String> = pools
-        .iter()
-        .flat_map(|p| p.allocs.iter().map(|a| format!("{} {}", a.addr, a.id)))
-        .collect();
-    assert!(
-        left.is_empty(),
-        "{} allocations left after all DELs: {:?}",
-        left.len(),
-        &left[..left.len().min(10)]
-    );
+    let left: Vec<String> = pools.iter().flat_map(|p| p.allocs.iter().map(|a| format!("{} {}", a.addr, a.id))).collect();
+    assert!(left.is_empty(), "{} allocations left after all DELs: {:?}", left.len(), &left[..left.len().min(10)]);
 
     // DEL is idempotent (spec: MUST succeed when the state is already gone).
-    Call::pod("DEL", "conc-w0-i0", "pod-w0-i0")
-        .run(&bin, &conf)
-        .expect_ok("repeated DEL");
+    Call::pod("DEL", "conc-w0-i0", "pod-w0-i0").run(&bin, &conf).expect_ok("repeated DEL");
 
     println!(
         "concurrency: {workers} concurrent processes x {per} dual-stack ADDs = {n} ADDs ({} addresses), 0 duplicates in results and pool files; \
@@ -209,9 +140,7 @@ fn concurrent_adds_past_exhaustion_hand_out_each_address_once() {
     let conf = thereabouts_conf("1.1.0", "thab-exh", &data, None, &[v6, v4]).to_string();
     let workers = 16;
     let per = 2;
-    let outs = fan_out(workers, per, |w, i| {
-        Call::pod("ADD", &format!("exh-w{w}-i{i}"), &format!("exh-w{w}-i{i}")).run(&bin, &conf)
-    });
+    let outs = fan_out(workers, per, |w, i| Call::pod("ADD", &format!("exh-w{w}-i{i}"), &format!("exh-w{w}-i{i}")).run(&bin, &conf));
     let ok: Vec<&Outcome> = outs.iter().filter(|o| o.ok()).collect();
     for o in outs.iter().filter(|o| !o.ok()) {
         o.expect_cni_error("ADD past exhaustion");
@@ -225,38 +154,18 @@ fn concurrent_adds_past_exhaustion_hand_out_each_address_once() {
             panic!("{a} handed to {prev} and {}", o.call.container_id);
         }
     }
-    assert_eq!(
-        ok.len(),
-        14,
-        "a /28 has 14 usable addresses (.1-.14); {} ADDs succeeded: {:?}",
-        ok.len(),
-        v4s
-    );
+    assert_eq!(ok.len(), 14, "a /28 has 14 usable addresses (.1-.14); {} ADDs succeeded: {:?}", ok.len(), v4s);
     let (pools, _) = read_store(&data).unwrap_or_else(|e| panic!("{e}"));
     check_unique(&pools).unwrap_or_else(|e| panic!("{e}"));
-    let v4_pool: usize = pools
-        .iter()
-        .filter(|p| p.range.contains('.'))
-        .map(|p| p.allocs.len())
-        .sum();
-    let v6_pool: usize = pools
-        .iter()
-        .filter(|p| p.range.contains(':'))
-        .map(|p| p.allocs.len())
-        .sum();
+    let v4_pool: usize = pools.iter().filter(|p| p.range.contains('.')).map(|p| p.allocs.len()).sum();
+    let v6_pool: usize = pools.iter().filter(|p| p.range.contains(':')).map(|p| p.allocs.len()).sum();
     assert_eq!(v4_pool, 14, "v4 pool entries");
     let leaked_v6 = v6_pool - 14;
     for o in &outs {
-        Call::pod("DEL", &o.call.container_id, &o.call.container_id)
-            .run(&bin, &conf)
-            .expect_ok("DEL after exhaustion");
+        Call::pod("DEL", &o.call.container_id, &o.call.container_id).run(&bin, &conf).expect_ok("DEL after exhaustion");
     }
     let (pools, _) = read_store(&data).unwrap();
-    assert_eq!(
-        count_allocs(&pools),
-        0,
-        "allocations left after DEL of every attempted attachment"
-    );
+    assert_eq!(count_allocs(&pools), 0, "allocations left after DEL of every attempted attachment");
     println!(
         "exhaustion: {} concurrent ADDs on a /28 (+v6): 14 succeeded with distinct v4 addresses, {} failed with a CNI error; \
          v6 addresses held by failed ADDs before their DEL: {leaked_v6}; all freed by DEL",

@@ -19,10 +19,7 @@ use std::time::{Duration, Instant};
 use thereabouts_e2e::*;
 
 fn knob(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -48,14 +45,7 @@ fn run_and_maybe_kill(bin: &Path, call: &Call, conf: &str, delay: Duration) -> F
             use std::io::Read;
             let _ = child.stdout.take().unwrap().read_to_string(&mut so);
             let _ = child.stderr.take().unwrap().read_to_string(&mut se);
-            Fate::Done(Box::new(Outcome {
-                call: call.clone(),
-                status,
-                stdout: so,
-                stderr: se,
-                elapsed: start.elapsed(),
-                timed_out: false,
-            }))
+            Fate::Done(Box::new(Outcome { call: call.clone(), status, stdout: so, stderr: se, elapsed: start.elapsed(), timed_out: false }))
         }
         None => {
             child.kill().expect("SIGKILL"); // std's Child::kill is SIGKILL on Unix
@@ -87,15 +77,9 @@ fn verify(data: &Path, w: &World, when: &str) -> usize {
     for (cid, ips) in &w.alive {
         let want: BTreeSet<IpAddr> = ips.iter().copied().collect();
         let got = held.get(cid.as_str()).cloned().unwrap_or_default();
-        assert_eq!(
-            got, want,
-            "{when}: completed ADD {cid} got {want:?} but the pool files now hold {got:?} for it (lost or changed allocation)"
-        );
+        assert_eq!(got, want, "{when}: completed ADD {cid} got {want:?} but the pool files now hold {got:?} for it (lost or changed allocation)");
     }
-    by_addr
-        .values()
-        .filter(|e| w.uncertain.contains(&e.id))
-        .count()
+    by_addr.values().filter(|e| w.uncertain.contains(&e.id)).count()
 }
 
 #[test]
@@ -105,13 +89,7 @@ fn sigkill_during_add_and_del_keeps_the_store_sound_and_gc_frees_the_leftovers()
     let lanes = 4;
     let tmp = TempDir::new("crash");
     let data = tmp.sub("data");
-    let conf_v = thereabouts_conf(
-        "1.1.0",
-        "thab-crash",
-        &data,
-        None,
-        &["192.0.2.0/24", "2001:db8:cc::/64"],
-    );
+    let conf_v = thereabouts_conf("1.1.0", "thab-crash", &data, None, &["192.0.2.0/24", "2001:db8:cc::/64"]);
     let conf = conf_v.to_string();
 
     // Calibrate the kill window on this machine: about twice a contended ADD.
@@ -123,20 +101,14 @@ fn sigkill_during_add_and_del_keeps_the_store_sound_and_gc_frees_the_leftovers()
         })
         .collect();
     for i in 0..6 {
-        Call::pod("DEL", &format!("calib-{i}"), &format!("calib-{i}"))
-            .run(&bin, &conf)
-            .expect_ok("calibration DEL");
+        Call::pod("DEL", &format!("calib-{i}"), &format!("calib-{i}")).run(&bin, &conf).expect_ok("calibration DEL");
     }
     d.sort();
     let mut window_us = (percentile(&d, 50.0).as_micros() as u64 * 2 * lanes as u64 / 2).max(3000);
     let first_window = window_us;
 
-    let mut w = World {
-        alive: BTreeMap::new(),
-        uncertain: BTreeSet::new(),
-    };
-    let (mut add_killed, mut add_done, mut del_killed, mut del_done) =
-        (0usize, 0usize, 0usize, 0usize);
+    let mut w = World { alive: BTreeMap::new(), uncertain: BTreeSet::new() };
+    let (mut add_killed, mut add_done, mut del_killed, mut del_done) = (0usize, 0usize, 0usize, 0usize);
     let mut errors: Vec<String> = Vec::new();
     let mut next = 0usize;
     let mut max_uncertain_entries = 0usize;
@@ -146,20 +118,10 @@ fn sigkill_during_add_and_del_keeps_the_store_sound_and_gc_frees_the_leftovers()
         let mut plan: Vec<(Op, String)> = Vec::new();
         let mut busy = BTreeSet::new();
         for _ in 0..lanes {
-            let del_candidates: Vec<String> = w
-                .alive
-                .keys()
-                .chain(w.uncertain.iter())
-                .filter(|c| !busy.contains(*c))
-                .cloned()
-                .collect();
-            let want_del = !del_candidates.is_empty()
-                && (fastrand::f32() < 0.4 || w.alive.len() + w.uncertain.len() > 150);
+            let del_candidates: Vec<String> = w.alive.keys().chain(w.uncertain.iter()).filter(|c| !busy.contains(*c)).cloned().collect();
+            let want_del = !del_candidates.is_empty() && (fastrand::f32() < 0.4 || w.alive.len() + w.uncertain.len() > 150);
             let (op, cid) = if want_del {
-                (
-                    Op::Del,
-                    del_candidates[fastrand::usize(..del_candidates.len())].clone(),
-                )
+                (Op::Del, del_candidates[fastrand::usize(..del_candidates.len())].clone())
             } else {
                 next += 1;
                 (Op::Add, format!("crash-{next}"))
@@ -180,11 +142,7 @@ fn sigkill_during_add_and_del_keeps_the_store_sound_and_gc_frees_the_leftovers()
                     let delay = Duration::from_micros(fastrand::u64(0..=window_us));
                     s.spawn(move || {
                         let call = Call::pod(if *op == Op::Add { "ADD" } else { "DEL" }, cid, cid);
-                        (
-                            *op,
-                            cid.clone(),
-                            run_and_maybe_kill(bin, &call, conf, delay),
-                        )
+                        (*op, cid.clone(), run_and_maybe_kill(bin, &call, conf, delay))
                     })
                 })
                 .collect();
@@ -224,8 +182,7 @@ fn sigkill_during_add_and_del_keeps_the_store_sound_and_gc_frees_the_leftovers()
             }
         }
         // Everything of this round is dead now: the store must be sound.
-        max_uncertain_entries =
-            max_uncertain_entries.max(verify(&data, &w, &format!("after {ran} trials")));
+        max_uncertain_entries = max_uncertain_entries.max(verify(&data, &w, &format!("after {ran} trials")));
         // Keep roughly half of the calls killed.
         if killed_now * 4 > plan.len() * 3 {
             window_us = window_us * 5 / 4;
@@ -237,66 +194,35 @@ fn sigkill_during_add_and_del_keeps_the_store_sound_and_gc_frees_the_leftovers()
         errors.is_empty(),
         "{} calls that were not killed failed (after earlier kills); first:\n{}",
         errors.len(),
-        errors
-            .iter()
-            .take(3)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n---\n")
+        errors.iter().take(3).cloned().collect::<Vec<_>>().join("\n---\n")
     );
-    assert!(
-        add_killed >= trials / 10 && del_killed >= trials / 20,
-        "too few kills to mean anything (ADD killed {add_killed}, DEL killed {del_killed})"
-    );
-    assert!(
-        add_done >= trials / 10,
-        "too few calls completed between kills ({add_done} ADDs): a killed call may leave the store locked"
-    );
+    assert!(add_killed >= trials / 10 && del_killed >= trials / 20, "too few kills to mean anything (ADD killed {add_killed}, DEL killed {del_killed})");
+    assert!(add_done >= trials / 10, "too few calls completed between kills ({add_done} ADDs): a killed call may leave the store locked");
 
     // Leftover temp/lock files must not break anything: a fresh ADD (bounded by CALL_TIMEOUT) works.
     let (_, others) = read_store(&data).unwrap();
     let fresh = Call::pod("ADD", "crash-fresh", "crash-fresh").run(&bin, &conf);
     fresh.expect_ok("ADD after the crash trials");
-    w.alive.insert(
-        "crash-fresh".into(),
-        fresh.ips().iter().map(|s| addr_of(s)).collect(),
-    );
+    w.alive.insert("crash-fresh".into(), fresh.ips().iter().map(|s| addr_of(s)).collect());
     let before_gc = verify(&data, &w, "before GC");
 
     // GC with the attachments the test believes alive frees whatever the killed calls left.
     let mut gc_conf: Value = conf_v.clone();
-    gc_conf["cni.dev/valid-attachments"] = Value::Array(
-        w.alive
-            .keys()
-            .map(|c| json!({"containerID": c, "ifname": "eth0"}))
-            .collect(),
-    );
-    Call::global("GC")
-        .run(&bin, &gc_conf.to_string())
-        .expect_ok("GC");
+    gc_conf["cni.dev/valid-attachments"] = Value::Array(w.alive.keys().map(|c| json!({"containerID": c, "ifname": "eth0"})).collect());
+    Call::global("GC").run(&bin, &gc_conf.to_string()).expect_ok("GC");
     let uncertain_n = w.uncertain.len();
     w.uncertain.clear(); // from now on, only the alive ones may hold addresses
     let after_gc = verify(&data, &w, "after GC");
     assert_eq!(after_gc, 0);
     let (pools, _) = read_store(&data).unwrap();
-    assert_eq!(
-        count_allocs(&pools),
-        2 * w.alive.len(),
-        "after GC only the alive attachments may hold addresses"
-    );
+    assert_eq!(count_allocs(&pools), 2 * w.alive.len(), "after GC only the alive attachments may hold addresses");
 
     // DEL of the survivors empties the pools.
     for cid in w.alive.keys() {
-        Call::pod("DEL", cid, cid)
-            .run(&bin, &conf)
-            .expect_ok("DEL after GC");
+        Call::pod("DEL", cid, cid).run(&bin, &conf).expect_ok("DEL after GC");
     }
     let (pools, others_end) = read_store(&data).unwrap();
-    assert_eq!(
-        count_allocs(&pools),
-        0,
-        "allocations left after DEL of every survivor"
-    );
+    assert_eq!(count_allocs(&pools), 0, "allocations left after DEL of every survivor");
 
     println!(
         "crash: {ran} trials ({lanes} at a time, kill window 0..{first_window}us initially, {window_us}us at the end): \
@@ -305,11 +231,7 @@ fn sigkill_during_add_and_del_keeps_the_store_sound_and_gc_frees_the_leftovers()
          0 after GC ({uncertain_n} uncertain attachments, {} alive kept); non-pool files left in the data dir: {} ({:?}), {} at the end",
         w.alive.len(),
         others.len(),
-        others
-            .iter()
-            .take(5)
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect::<Vec<_>>(),
+        others.iter().take(5).map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect::<Vec<_>>(),
         others_end.len()
     );
 }

@@ -18,31 +18,19 @@ use thereabouts_e2e::*;
 const BRIDGE_PLUGIN: &str = "/usr/lib/cni/bridge";
 
 fn sh(args: &[&str]) -> std::process::Output {
-    Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("exec {args:?}: {e}"))
+    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("exec {args:?}: {e}"))
 }
 
 fn must(args: &[&str]) -> String {
     let o = sh(args);
-    assert!(
-        o.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "{args:?} failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
         .unwrap_or(false)
 }
 
@@ -54,18 +42,9 @@ struct Netns {
 
 impl Netns {
     fn new(tag: &str) -> Netns {
-        assert!(
-            is_root(),
-            "the data-plane e2e tests need root (they create network namespaces and a bridge); run them as root (CI does)"
-        );
-        assert!(
-            Path::new(BRIDGE_PLUGIN).is_file(),
-            "{BRIDGE_PLUGIN} missing: apt-get install -y containernetworking-plugins (tests/host-e2e.sh does)"
-        );
-        let n = Netns {
-            host: format!("thab-e2e-{tag}-h"),
-            ctr: format!("thab-e2e-{tag}-c"),
-        };
+        assert!(is_root(), "the data-plane e2e tests need root (they create network namespaces and a bridge); run them as root (CI does)");
+        assert!(Path::new(BRIDGE_PLUGIN).is_file(), "{BRIDGE_PLUGIN} missing: apt-get install -y containernetworking-plugins (tests/host-e2e.sh does)");
+        let n = Netns { host: format!("thab-e2e-{tag}-h"), ctr: format!("thab-e2e-{tag}-c") };
         n.cleanup(); // leftovers of an interrupted earlier run
         for ns in [&n.host, &n.ctr] {
             let o = sh(&["ip", "netns", "add", ns]);
@@ -75,20 +54,8 @@ impl Netns {
                 String::from_utf8_lossy(&o.stderr).trim()
             );
             // IPv6 on (some hosts boot with it off by default), no DAD delays.
-            for (k, v) in [
-                ("all/disable_ipv6", "0"),
-                ("default/disable_ipv6", "0"),
-                ("default/accept_dad", "0"),
-            ] {
-                must(&[
-                    "ip",
-                    "netns",
-                    "exec",
-                    ns,
-                    "sh",
-                    "-c",
-                    &format!("echo {v} > /proc/sys/net/ipv6/conf/{k}"),
-                ]);
+            for (k, v) in [("all/disable_ipv6", "0"), ("default/disable_ipv6", "0"), ("default/accept_dad", "0")] {
+                must(&["ip", "netns", "exec", ns, "sh", "-c", &format!("echo {v} > /proc/sys/net/ipv6/conf/{k}")]);
             }
         }
         must(&["ip", "-n", &n.host, "link", "set", "lo", "up"]);
@@ -145,13 +112,7 @@ fn parse_cidr(s: &str) -> (IpAddr, u8) {
 
 /// Runs bridge ADD then DEL with thereabouts as IPAM; `expect_in` is, per result position,
 /// the range the address must come from.
-fn bridge_round_trip(
-    tag: &str,
-    bridge: &str,
-    legacy: Option<&str>,
-    ranges: &[&str],
-    expect_in: &[&str],
-) {
+fn bridge_round_trip(tag: &str, bridge: &str, legacy: Option<&str>, ranges: &[&str], expect_in: &[&str]) {
     let bin = thereabouts_bin();
     let tmp = TempDir::new(tag);
     let data = tmp.sub("data");
@@ -177,14 +138,7 @@ fn bridge_round_trip(
     // The bridge plugin runs in the host-side namespace, as a runtime would run it in the host's.
     let in_host = |c: &Call| -> Outcome {
         let wrapper = tmp.path().join("in-host-ns.sh");
-        std::fs::write(
-            &wrapper,
-            format!(
-                "#!/bin/sh\nexec ip netns exec {} {BRIDGE_PLUGIN}\n",
-                ns.host
-            ),
-        )
-        .unwrap();
+        std::fs::write(&wrapper, format!("#!/bin/sh\nexec ip netns exec {} {BRIDGE_PLUGIN}\n", ns.host)).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
         c.run(&wrapper, &conf)
@@ -193,19 +147,11 @@ fn bridge_round_trip(
     let add = in_host(&call("ADD"));
     add.expect_ok("bridge ADD with ipam thereabouts");
     let ips = add.ips();
-    assert_eq!(
-        ips.len(),
-        expect_in.len(),
-        "result must carry one address per range: {}",
-        add.describe()
-    );
+    assert_eq!(ips.len(), expect_in.len(), "result must carry one address per range: {}", add.describe());
     for (i, (ip, range)) in ips.iter().zip(expect_in).enumerate() {
         let (a, len) = parse_cidr(ip);
         let (net, rlen) = range_network(range);
-        assert_eq!(
-            len, rlen,
-            "ips[{i}] {ip}: prefix length must be that of {range}"
-        );
+        assert_eq!(len, rlen, "ips[{i}] {ip}: prefix length must be that of {range}");
         assert_eq!(
             range_network(&format!("{a}/{rlen}")).0,
             net,
@@ -213,65 +159,31 @@ fn bridge_round_trip(
         );
     }
     let want: BTreeSet<(IpAddr, u8)> = ips.iter().map(|s| parse_cidr(s)).collect();
-    let got = ns
-        .addrs("eth0")
-        .unwrap_or_else(|| panic!("eth0 missing in {} after ADD", ns.ctr));
-    assert_eq!(
-        got, want,
-        "eth0 in {} must carry exactly the allocated addresses",
-        ns.ctr
-    );
+    let got = ns.addrs("eth0").unwrap_or_else(|| panic!("eth0 missing in {} after ADD", ns.ctr));
+    assert_eq!(got, want, "eth0 in {} must carry exactly the allocated addresses", ns.ctr);
 
     let (pools, _) = read_store(&data).unwrap_or_else(|e| panic!("{e}"));
-    let held: BTreeSet<IpAddr> = check_unique(&pools)
-        .unwrap()
-        .into_iter()
-        .filter(|(_, e)| e.id == cid)
-        .map(|(a, _)| a)
-        .collect();
-    assert_eq!(
-        held,
-        want.iter().map(|(a, _)| *a).collect(),
-        "pool files must hold exactly the result's addresses for {cid}"
-    );
+    let held: BTreeSet<IpAddr> = check_unique(&pools).unwrap().into_iter().filter(|(_, e)| e.id == cid).map(|(a, _)| a).collect();
+    assert_eq!(held, want.iter().map(|(a, _)| *a).collect(), "pool files must hold exactly the result's addresses for {cid}");
 
     in_host(&call("DEL")).expect_ok("bridge DEL with ipam thereabouts");
     if let Some(left) = ns.addrs("eth0") {
         let still: Vec<_> = left.intersection(&want).collect();
-        assert!(
-            still.is_empty(),
-            "addresses still on eth0 after DEL: {still:?}"
-        );
+        assert!(still.is_empty(), "addresses still on eth0 after DEL: {still:?}");
     }
     let (pools, _) = read_store(&data).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        count_allocs(&pools),
-        0,
-        "pool files must hold no entry after DEL"
-    );
+    assert_eq!(count_allocs(&pools), 0, "pool files must hold no entry after DEL");
     in_host(&call("DEL")).expect_ok("repeated bridge DEL (must be idempotent)");
 }
 
 #[test]
 fn bridge_dual_stack_ip_ranges() {
-    bridge_round_trip(
-        "ds",
-        "thabe0",
-        None,
-        &["192.0.2.0/24", "2001:db8:1::/64"],
-        &["192.0.2.0/24", "2001:db8:1::/64"],
-    );
+    bridge_round_trip("ds", "thabe0", None, &["192.0.2.0/24", "2001:db8:1::/64"], &["192.0.2.0/24", "2001:db8:1::/64"]);
 }
 
 #[test]
 fn bridge_two_ipv4_ranges() {
-    bridge_round_trip(
-        "v4v4",
-        "thabe1",
-        None,
-        &["198.51.100.0/24", "203.0.113.0/24"],
-        &["198.51.100.0/24", "203.0.113.0/24"],
-    );
+    bridge_round_trip("v4v4", "thabe1", None, &["198.51.100.0/24", "203.0.113.0/24"], &["198.51.100.0/24", "203.0.113.0/24"]);
 }
 
 #[test]

@@ -41,10 +41,7 @@ impl Node {
         std::fs::write(sa.join("namespace"), "cni-system").unwrap();
         dir.sub("bin");
         dir.sub("net.d");
-        Node {
-            dir,
-            plugin: plugin.to_path_buf(),
-        }
+        Node { dir, plugin: plugin.to_path_buf() }
     }
 
     fn bin(&self) -> PathBuf {
@@ -92,25 +89,17 @@ impl Node {
     fn once(&self, extra: &[(&str, &str)]) -> String {
         let out = self.run(&["--once"], extra);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            out.status.success(),
-            "install-cni.sh --once failed ({}): {stderr}",
-            out.status
-        );
+        assert!(out.status.success(), "install-cni.sh --once failed ({}): {stderr}", out.status);
         stderr
     }
 
     fn kubeconfig_yaml(&self) -> Value {
         let text = std::fs::read_to_string(self.kubeconfig()).unwrap();
-        serde_yaml_ng::from_str(&text)
-            .unwrap_or_else(|e| panic!("kubeconfig is not YAML: {e}\n{text}"))
+        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("kubeconfig is not YAML: {e}\n{text}"))
     }
 
     fn server(&self) -> String {
-        self.kubeconfig_yaml()["clusters"][0]["cluster"]["server"]
-            .as_str()
-            .unwrap()
-            .to_string()
+        self.kubeconfig_yaml()["clusters"][0]["cluster"]["server"].as_str().unwrap().to_string()
     }
 
     /// Files whose name starts with '.' (temporary files) anywhere in the host dirs.
@@ -134,11 +123,7 @@ impl Node {
 }
 
 fn mode(p: &Path) -> u32 {
-    std::fs::metadata(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .permissions()
-        .mode()
-        & 0o7777
+    std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o7777
 }
 
 fn inode(p: &Path) -> u64 {
@@ -153,32 +138,17 @@ fn installs_binary_flat_file_and_kubeconfig() {
 
     // The binary: same bytes, executable, and it still answers as a CNI plugin.
     let installed = node.bin().join("thereabouts");
-    assert_eq!(
-        std::fs::read(&installed).unwrap(),
-        std::fs::read(&node.plugin).unwrap()
-    );
+    assert_eq!(std::fs::read(&installed).unwrap(), std::fs::read(&node.plugin).unwrap());
     assert_eq!(mode(&installed), 0o755);
-    let out = Command::new(&installed)
-        .env_clear()
-        .env("CNI_COMMAND", "VERSION")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = Command::new(&installed).env_clear().env("CNI_COMMAND", "VERSION").stdin(Stdio::null()).output().unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).expect("VERSION answers JSON");
     assert!(v["supportedVersions"].is_array(), "{v}");
-    assert!(
-        !node.bin().join("whereabouts").exists(),
-        "no whereabouts without the switch"
-    );
-    assert_eq!(
-        std::fs::read_to_string(node.bin().join("bridge")).unwrap(),
-        "another plugin"
-    );
+    assert!(!node.bin().join("whereabouts").exists(), "no whereabouts without the switch");
+    assert_eq!(std::fs::read_to_string(node.bin().join("bridge")).unwrap(), "another plugin");
 
     // The flat file: the Kubernetes datastore, and the kubeconfig's path as the
     // plugin sees it on the host (HOST_CNI_CONF_DIR), not as mounted here.
-    let flat: Value = serde_json::from_str(&std::fs::read_to_string(node.flat_file()).unwrap())
-        .expect("the flat file is JSON");
+    let flat: Value = serde_json::from_str(&std::fs::read_to_string(node.flat_file()).unwrap()).expect("the flat file is JSON");
     assert_eq!(
         flat,
         json!({
@@ -194,51 +164,22 @@ fn installs_binary_flat_file_and_kubeconfig() {
     assert_eq!(kc["apiVersion"], "v1");
     assert_eq!(kc["kind"], "Config");
     let ctx_name = kc["current-context"].as_str().expect("current-context");
-    let ctx = kc["contexts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == ctx_name)
-        .expect("the current context exists")["context"]
-        .clone();
+    let ctx = kc["contexts"].as_array().unwrap().iter().find(|c| c["name"] == ctx_name).expect("the current context exists")["context"].clone();
     assert_eq!(ctx["namespace"], "cni-system");
-    let user = kc["users"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|u| u["name"] == ctx["user"])
-        .expect("the context's user exists");
+    let user = kc["users"].as_array().unwrap().iter().find(|u| u["name"] == ctx["user"]).expect("the context's user exists");
     assert_eq!(user["user"]["token"], TOKEN, "token without its newline");
-    let cluster = kc["clusters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == ctx["cluster"])
-        .expect("the context's cluster exists");
+    let cluster = kc["clusters"].as_array().unwrap().iter().find(|c| c["name"] == ctx["cluster"]).expect("the context's cluster exists");
     assert_eq!(cluster["cluster"]["server"], "https://192.0.2.1:443");
-    let ca = base64::engine::general_purpose::STANDARD
-        .decode(
-            cluster["cluster"]["certificate-authority-data"]
-                .as_str()
-                .unwrap(),
-        )
-        .expect("CA data is base64");
+    let ca = base64::engine::general_purpose::STANDARD.decode(cluster["cluster"]["certificate-authority-data"].as_str().unwrap()).expect("CA data is base64");
     assert_eq!(ca, CA.as_bytes());
 
-    assert_eq!(
-        node.leftovers(),
-        Vec::<PathBuf>::new(),
-        "temporary files left"
-    );
+    assert_eq!(node.leftovers(), Vec::<PathBuf>::new(), "temporary files left");
 }
 
 #[test]
 fn ipv6_apiserver_address_is_bracketed() {
     let node = Node::new("installer-v6");
-    node.once(&[
-        ("KUBERNETES_SERVICE_HOST", "2001:db8:10:96::1"),
-        ("KUBERNETES_SERVICE_PORT", "6443"),
-    ]);
+    node.once(&[("KUBERNETES_SERVICE_HOST", "2001:db8:10:96::1"), ("KUBERNETES_SERVICE_PORT", "6443")]);
     assert_eq!(node.server(), "https://[2001:db8:10:96::1]:6443");
     // Already bracketed: kept as it is.
     node.once(&[("KUBERNETES_SERVICE_HOST", "[2001:db8::1]")]);
@@ -262,7 +203,11 @@ fn whereabouts_switch_installs_both_names() {
     // A stale whereabouts installation: its kubeconfig is not ours to touch.
     let wb = node.conf().join("whereabouts.d");
     std::fs::create_dir_all(&wb).unwrap();
-    std::fs::write(wb.join("whereabouts.conf"), r#"{"datastore":"kubernetes","kubernetes":{"kubeconfig":"/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"}}"#).unwrap();
+    std::fs::write(
+        wb.join("whereabouts.conf"),
+        r#"{"datastore":"kubernetes","kubernetes":{"kubeconfig":"/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"}}"#,
+    )
+    .unwrap();
     std::fs::write(wb.join("whereabouts.kubeconfig"), "old").unwrap();
     node.once(&[("INSTALL_AS_WHEREABOUTS", "true")]);
 
@@ -273,14 +218,8 @@ fn whereabouts_switch_installs_both_names() {
         assert_eq!(mode(&p), 0o755, "{name}");
     }
     // whereabouts' flat-file path is searched first: it now points at our kubeconfig.
-    assert_eq!(
-        std::fs::read(wb.join("whereabouts.conf")).unwrap(),
-        std::fs::read(node.flat_file()).unwrap()
-    );
-    assert_eq!(
-        std::fs::read_to_string(wb.join("whereabouts.kubeconfig")).unwrap(),
-        "old"
-    );
+    assert_eq!(std::fs::read(wb.join("whereabouts.conf")).unwrap(), std::fs::read(node.flat_file()).unwrap());
+    assert_eq!(std::fs::read_to_string(wb.join("whereabouts.kubeconfig")).unwrap(), "old");
 
     let out = node.run(&["--once"], &[("INSTALL_AS_WHEREABOUTS", "perhaps")]);
     assert_eq!(out.status.code(), Some(1));
@@ -294,11 +233,7 @@ fn rerun_replaces_by_rename_and_leaves_equal_files_alone() {
     std::fs::write(&v1, "#!/bin/sh\necho v1\n").unwrap();
     let node = Node::with_plugin("installer-rerun", &v1);
     node.once(&[]);
-    let files = [
-        node.bin().join("thereabouts"),
-        node.flat_file(),
-        node.kubeconfig(),
-    ];
+    let files = [node.bin().join("thereabouts"), node.flat_file(), node.kubeconfig()];
     let before: Vec<u64> = files.iter().map(|f| inode(f)).collect();
 
     // Nothing changed: nothing is rewritten (same inodes, nothing logged as written).
@@ -308,11 +243,7 @@ fn rerun_replaces_by_rename_and_leaves_equal_files_alone() {
 
     // A wrong mode is corrected even when the content is right.
     std::fs::set_permissions(node.kubeconfig(), std::fs::Permissions::from_mode(0o644)).unwrap();
-    std::fs::set_permissions(
-        node.bin().join("thereabouts"),
-        std::fs::Permissions::from_mode(0o600),
-    )
-    .unwrap();
+    std::fs::set_permissions(node.bin().join("thereabouts"), std::fs::Permissions::from_mode(0o600)).unwrap();
     node.once(&[]);
     assert_eq!(mode(&node.kubeconfig()), 0o600);
     assert_eq!(mode(&node.bin().join("thereabouts")), 0o755);
@@ -323,28 +254,15 @@ fn rerun_replaces_by_rename_and_leaves_equal_files_alone() {
     std::fs::write(&v1, "#!/bin/sh\necho v2\n").unwrap();
     std::fs::write(node.sa().join("token"), "rotated.token").unwrap();
     let log = node.once(&[]);
-    assert!(
-        log.contains("thereabouts.kubeconfig") && log.contains("bin/thereabouts"),
-        "{log}"
-    );
+    assert!(log.contains("thereabouts.kubeconfig") && log.contains("bin/thereabouts"), "{log}");
     assert_ne!(inode(&files[0]), before[0], "binary replaced in place");
     assert_ne!(inode(&files[2]), before[2], "kubeconfig replaced in place");
     assert_eq!(inode(&files[1]), before[1], "unchanged flat file rewritten");
     assert_eq!(old_binary.metadata().unwrap().ino(), before[0]);
-    assert_eq!(
-        std::fs::read_to_string(node.bin().join("thereabouts")).unwrap(),
-        "#!/bin/sh\necho v2\n"
-    );
-    assert_eq!(
-        node.kubeconfig_yaml()["users"][0]["user"]["token"],
-        "rotated.token"
-    );
+    assert_eq!(std::fs::read_to_string(node.bin().join("thereabouts")).unwrap(), "#!/bin/sh\necho v2\n");
+    assert_eq!(node.kubeconfig_yaml()["users"][0]["user"]["token"], "rotated.token");
     assert_eq!(mode(&node.kubeconfig()), 0o600);
-    assert_eq!(
-        node.leftovers(),
-        Vec::<PathBuf>::new(),
-        "temporary files left"
-    );
+    assert_eq!(node.leftovers(), Vec::<PathBuf>::new(), "temporary files left");
 }
 
 #[test]
@@ -357,56 +275,17 @@ fn errors_exit_1_and_leave_installed_files_alone() {
         let out = node.run(args, extra);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{extra:?} {args:?}: {stderr}");
-        assert!(
-            stderr.contains(needle),
-            "{extra:?}: expected {needle:?} in {stderr}"
-        );
-        assert_eq!(
-            std::fs::read(node.kubeconfig()).unwrap(),
-            kubeconfig,
-            "{extra:?} changed the kubeconfig"
-        );
-        assert_eq!(
-            node.leftovers(),
-            Vec::<PathBuf>::new(),
-            "{extra:?}: temporary files left"
-        );
+        assert!(stderr.contains(needle), "{extra:?}: expected {needle:?} in {stderr}");
+        assert_eq!(std::fs::read(node.kubeconfig()).unwrap(), kubeconfig, "{extra:?} changed the kubeconfig");
+        assert_eq!(node.leftovers(), Vec::<PathBuf>::new(), "{extra:?}: temporary files left");
     };
-    fails(
-        &[("KUBERNETES_SERVICE_HOST", "")],
-        &["--once"],
-        "KUBERNETES_SERVICE_HOST is not set",
-    );
-    fails(
-        &[("KUBERNETES_SERVICE_HOST", "a\"b")],
-        &["--once"],
-        "not a host name",
-    );
-    fails(
-        &[("KUBERNETES_SERVICE_HOST", "fe80::1%eth0")],
-        &["--once"],
-        "not a host name",
-    );
-    fails(
-        &[("KUBERNETES_SERVICE_PORT", "https")],
-        &["--once"],
-        "not a port",
-    );
-    fails(
-        &[("THEREABOUTS_NAMESPACE", "Kube_System")],
-        &["--once"],
-        "not a valid namespace",
-    );
-    fails(
-        &[("THEREABOUTS_BINARY", "/nonexistent")],
-        &["--once"],
-        "not found",
-    );
-    fails(
-        &[("CNI_BIN_DIR", "/nonexistent-thab")],
-        &["--once"],
-        "is not a directory",
-    );
+    fails(&[("KUBERNETES_SERVICE_HOST", "")], &["--once"], "KUBERNETES_SERVICE_HOST is not set");
+    fails(&[("KUBERNETES_SERVICE_HOST", "a\"b")], &["--once"], "not a host name");
+    fails(&[("KUBERNETES_SERVICE_HOST", "fe80::1%eth0")], &["--once"], "not a host name");
+    fails(&[("KUBERNETES_SERVICE_PORT", "https")], &["--once"], "not a port");
+    fails(&[("THEREABOUTS_NAMESPACE", "Kube_System")], &["--once"], "not a valid namespace");
+    fails(&[("THEREABOUTS_BINARY", "/nonexistent")], &["--once"], "not found");
+    fails(&[("CNI_BIN_DIR", "/nonexistent-thab")], &["--once"], "is not a directory");
     fails(&[("HOST_CNI_CONF_DIR", "/etc/\"cni")], &["--once"], "quote");
     fails(&[("RESYNC_SECONDS", "0")], &[], "RESYNC_SECONDS");
     fails(&[], &["--forever"], "usage");
@@ -432,11 +311,7 @@ fn errors_exit_1_and_leave_installed_files_alone() {
 #[test]
 fn loop_follows_token_rotation_and_stops_on_sigterm() {
     let node = Node::new("installer-loop");
-    let mut child = node
-        .command(&[], &[("RESYNC_SECONDS", "1")])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = node.command(&[], &[("RESYNC_SECONDS", "1")]).stderr(Stdio::piped()).spawn().unwrap();
     let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !ok() {
@@ -444,10 +319,7 @@ fn loop_follows_token_rotation_and_stops_on_sigterm() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
-    let token_is = |t: &str| {
-        std::fs::read_to_string(node.kubeconfig())
-            .is_ok_and(|k| k.contains(&format!("token: \"{t}\"")))
-    };
+    let token_is = |t: &str| std::fs::read_to_string(node.kubeconfig()).is_ok_and(|k| k.contains(&format!("token: \"{t}\"")));
     wait_for("the first install", &|| token_is(TOKEN));
 
     // The kubelet rotates the token (atomically, like its projected volumes).
@@ -460,35 +332,24 @@ fn loop_follows_token_rotation_and_stops_on_sigterm() {
     // Files removed on the host come back.
     std::fs::remove_file(node.flat_file()).unwrap();
     std::fs::remove_file(node.bin().join("thereabouts")).unwrap();
-    wait_for("the reinstall", &|| {
-        node.flat_file().exists() && node.bin().join("thereabouts").exists()
-    });
+    wait_for("the reinstall", &|| node.flat_file().exists() && node.bin().join("thereabouts").exists());
 
     // A failed check is logged and retried, not fatal.
     std::fs::remove_file(node.sa().join("token")).unwrap();
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "the loop died on a missing token"
-    );
+    assert!(child.try_wait().unwrap().is_none(), "the loop died on a missing token");
     std::fs::write(node.sa().join("token"), "third.token").unwrap();
     wait_for("the third token", &|| token_is("third.token"));
 
     // SIGTERM: exits 0 at once, not after the sleep.
     let t0 = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "no exit after SIGTERM"
-        );
+        assert!(t0.elapsed() < Duration::from_secs(5), "no exit after SIGTERM");
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut log = String::new();
@@ -496,27 +357,14 @@ fn loop_follows_token_rotation_and_stops_on_sigterm() {
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(log.contains("check failed; retrying"), "{log}");
     assert!(log.contains("stopping"), "{log}");
-    assert_eq!(
-        node.leftovers(),
-        Vec::<PathBuf>::new(),
-        "temporary files left"
-    );
+    assert_eq!(node.leftovers(), Vec::<PathBuf>::new(), "temporary files left");
 }
 
 #[test]
 fn shellcheck_is_clean() {
-    let Ok(out) = Command::new("shellcheck")
-        .args(["-s", "sh"])
-        .arg(script())
-        .output()
-    else {
+    let Ok(out) = Command::new("shellcheck").args(["-s", "sh"]).arg(script()).output() else {
         eprintln!("shellcheck not installed: skipped (tests/host-e2e.sh installs it)");
         return;
     };
-    assert!(
-        out.status.success(),
-        "shellcheck:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "shellcheck:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }

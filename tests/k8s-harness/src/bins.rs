@@ -19,10 +19,7 @@ pub struct Binaries {
 
 impl Binaries {
     fn in_dir(dir: &Path) -> Result<Self> {
-        let b = Binaries {
-            kube_apiserver: dir.join("kube-apiserver"),
-            etcd: dir.join("etcd"),
-        };
+        let b = Binaries { kube_apiserver: dir.join("kube-apiserver"), etcd: dir.join("etcd") };
         for p in [&b.kube_apiserver, &b.etcd] {
             if !p.is_file() {
                 bail!("{} is missing", p.display());
@@ -40,10 +37,7 @@ pub fn build_script() -> PathBuf {
 /// Finds (or builds) the binaries. Errors name the cause and the remedy.
 pub fn binaries() -> Result<Binaries> {
     static FOUND: OnceLock<std::result::Result<Binaries, String>> = OnceLock::new();
-    FOUND
-        .get_or_init(|| find().map_err(|e| format!("{e:#}")))
-        .clone()
-        .map_err(anyhow::Error::msg)
+    FOUND.get_or_init(|| find().map_err(|e| format!("{e:#}"))).clone().map_err(anyhow::Error::msg)
 }
 
 fn find() -> Result<Binaries> {
@@ -52,18 +46,10 @@ fn find() -> Result<Binaries> {
     }
     let script = build_script();
     // stderr is inherited: a cold build shows its progress in the test output.
-    let out = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
+    let out =
+        Command::new("bash").arg(&script).stdin(Stdio::null()).stderr(Stdio::inherit()).output().with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
-        bail!(
-            "{} failed ({}); the Kubernetes tests need Go >= 1.26 and the Go module proxy to build kube-apiserver and etcd",
-            script.display(),
-            out.status
-        );
+        bail!("{} failed ({}); the Kubernetes tests need Go >= 1.26 and the Go module proxy to build kube-apiserver and etcd", script.display(), out.status);
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let dir = stdout.lines().last().unwrap_or("").trim();

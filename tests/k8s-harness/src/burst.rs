@@ -40,11 +40,7 @@ pub struct Invocation {
 
 impl Invocation {
     pub fn new(call: Call, stdin: impl Into<String>) -> Self {
-        Invocation {
-            call,
-            stdin: stdin.into(),
-            env: Vec::new(),
-        }
+        Invocation { call, stdin: stdin.into(), env: Vec::new() }
     }
 
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -81,9 +77,7 @@ pub fn run_one(bin: &Path, invocation: &Invocation, watchdog: Duration) -> Outco
         command.env(k, v);
     }
     let started = Instant::now();
-    let mut child = command
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {}: {e}", bin.display()));
+    let mut child = command.spawn().unwrap_or_else(|e| panic!("spawning {}: {e}", bin.display()));
     {
         // Far below the pipe buffer: never blocks. EPIPE (the plugin exited
         // without reading) is the plugin's business, its answer tells.
@@ -117,14 +111,7 @@ fn wait_exit(pid: u32, limit: Duration) -> bool {
         while Instant::now() < deadline {
             // WNOWAIT: look without reaping (wait_with_output reaps).
             let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            let r = unsafe {
-                libc::waitid(
-                    libc::P_PID,
-                    pid as libc::id_t,
-                    &mut info,
-                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-                )
-            };
+            let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
             if r == 0 && unsafe { info.si_pid() } != 0 {
                 return true;
             }
@@ -135,11 +122,7 @@ fn wait_exit(pid: u32, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     let exited = loop {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         let ms = remaining.as_millis().min(i32::MAX as u128) as libc::c_int;
         let r = unsafe { libc::poll(&mut pfd, 1, ms) };
         if r > 0 {
@@ -160,12 +143,7 @@ fn wait_exit(pid: u32, limit: Duration) -> bool {
 /// the processes start within the time it takes to fork them. `on_exit` (if
 /// given) sees each outcome as soon as its call ends, for a test that acts
 /// partway. Outcomes in the order of `invocations`.
-pub fn run_concurrently(
-    bin: &Path,
-    invocations: &[Invocation],
-    watchdog: Duration,
-    on_exit: Option<&(dyn Fn(&Outcome) + Sync)>,
-) -> Vec<Outcome> {
+pub fn run_concurrently(bin: &Path, invocations: &[Invocation], watchdog: Duration, on_exit: Option<&(dyn Fn(&Outcome) + Sync)>) -> Vec<Outcome> {
     let barrier = Barrier::new(invocations.len());
     std::thread::scope(|scope| {
         let handles: Vec<_> = invocations
@@ -185,31 +163,17 @@ pub fn run_concurrently(
                     .expect("starting a runner thread")
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("runner thread panicked"))
-            .collect()
+        handles.into_iter().map(|h| h.join().expect("runner thread panicked")).collect()
     })
 }
 
 /// A failure's message with numbers and names blurred (`#`), to group failures.
 pub fn blurred_message(outcome: &Outcome) -> String {
-    let error = serde_json::from_str::<Value>(&outcome.stdout)
-        .ok()
-        .and_then(|v| {
-            let msg = v.get("msg")?.as_str()?;
-            let blurred: Vec<&str> = msg
-                .split(' ')
-                .map(|w| {
-                    if w.chars().any(|c| c.is_ascii_digit()) {
-                        "#"
-                    } else {
-                        w
-                    }
-                })
-                .collect();
-            Some(format!("[code {}] {}", v.get("code")?, blurred.join(" ")))
-        });
+    let error = serde_json::from_str::<Value>(&outcome.stdout).ok().and_then(|v| {
+        let msg = v.get("msg")?.as_str()?;
+        let blurred: Vec<&str> = msg.split(' ').map(|w| if w.chars().any(|c| c.is_ascii_digit()) { "#" } else { w }).collect();
+        Some(format!("[code {}] {}", v.get("code")?, blurred.join(" ")))
+    });
     match error {
         Some(e) => e,
         None if outcome.timed_out => "killed by the watchdog".to_string(),
@@ -344,27 +308,15 @@ impl Outage {
 pub fn expect_all_ok(outcomes: &[Outcome], what: &str) {
     let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.ok()).collect();
     if !failed.is_empty() {
-        let groups: Vec<String> = failure_summary(outcomes)
-            .into_iter()
-            .map(|(n, m)| format!("  {n} × {m}"))
-            .collect();
+        let groups: Vec<String> = failure_summary(outcomes).into_iter().map(|(n, m)| format!("  {n} × {m}")).collect();
         let shown: Vec<String> = failed.iter().take(3).map(|o| o.describe()).collect();
-        panic!(
-            "{what}: {} of {} calls failed:\n{}\nfirst ones:\n{}",
-            failed.len(),
-            outcomes.len(),
-            groups.join("\n"),
-            shown.join("\n---\n")
-        );
+        panic!("{what}: {} of {} calls failed:\n{}\nfirst ones:\n{}", failed.len(), outcomes.len(), groups.join("\n"), shown.join("\n---\n"));
     }
 }
 
 /// The pod name of a call made with [`Call::pod`] (`K8S_POD_NAME`).
 pub fn pod_name(call: &Call) -> &str {
-    call.cni_args
-        .split(';')
-        .find_map(|kv| kv.strip_prefix("K8S_POD_NAME="))
-        .unwrap_or("")
+    call.cni_args.split(';').find_map(|kv| kv.strip_prefix("K8S_POD_NAME=")).unwrap_or("")
 }
 
 /// The address part of `ip/prefix`.
@@ -377,19 +329,11 @@ pub fn contains(range: &str, ip: IpAddr) -> bool {
     let (net, len) = range_network(range);
     match (net, ip) {
         (IpAddr::V4(n), IpAddr::V4(a)) => {
-            let mask = if len == 0 {
-                0
-            } else {
-                u32::MAX << (32 - len as u32)
-            };
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len as u32) };
             u32::from(a) & mask == u32::from(n)
         }
         (IpAddr::V6(n), IpAddr::V6(a)) => {
-            let mask = if len == 0 {
-                0
-            } else {
-                u128::MAX << (128 - len as u32)
-            };
+            let mask = if len == 0 { 0 } else { u128::MAX << (128 - len as u32) };
             u128::from(a) & mask == u128::from(n)
         }
         _ => false,
@@ -414,40 +358,21 @@ pub struct PoolEntry {
 
 /// `spec.allocations` of the pool `name` (of `range`) by address. Panics on a
 /// key that is not a decimal offset.
-pub fn pool_entries(
-    objects: &Objects,
-    name: &str,
-    range: &str,
-) -> Result<BTreeMap<IpAddr, PoolEntry>> {
+pub fn pool_entries(objects: &Objects, name: &str, range: &str) -> Result<BTreeMap<IpAddr, PoolEntry>> {
     entries_by_address(name, range, objects.allocations(name)?)
 }
 
 /// Allocations in the IPPool spec shape (decimal offset → `{id, podref,
 /// ifname}`) of the pool `name` (of `range`), by address: what an IPPool and
 /// an etcd pool key both hold.
-pub fn entries_by_address(
-    name: &str,
-    range: &str,
-    allocations: BTreeMap<String, Value>,
-) -> Result<BTreeMap<IpAddr, PoolEntry>> {
+pub fn entries_by_address(name: &str, range: &str, allocations: BTreeMap<String, Value>) -> Result<BTreeMap<IpAddr, PoolEntry>> {
     let (net, _) = range_network(range);
     let mut out = BTreeMap::new();
     for (key, v) in allocations {
-        let offset: u128 = key
-            .parse()
-            .with_context(|| format!("pool {name}: allocation key {key:?} is no offset"))?;
+        let offset: u128 = key.parse().with_context(|| format!("pool {name}: allocation key {key:?} is no offset"))?;
         let address = add_offset(net, offset);
         let text = |f: &str| v[f].as_str().unwrap_or_default().to_string();
-        out.insert(
-            address,
-            PoolEntry {
-                key,
-                address,
-                id: text("id"),
-                podref: text("podref"),
-                ifname: text("ifname"),
-            },
-        );
+        out.insert(address, PoolEntry { key, address, id: text("id"), podref: text("podref"), ifname: text("ifname") });
     }
     Ok(out)
 }
@@ -457,11 +382,7 @@ pub fn reservations_in(objects: &Objects, ranges: &[&str]) -> Result<BTreeMap<St
     Ok(objects
         .reservations()?
         .into_iter()
-        .filter(|(name, _)| {
-            name.replace('-', ":")
-                .parse::<IpAddr>()
-                .is_ok_and(|ip| ranges.iter().any(|r| contains(r, ip)))
-        })
+        .filter(|(name, _)| name.replace('-', ":").parse::<IpAddr>().is_ok_and(|ip| ranges.iter().any(|r| contains(r, ip))))
         .collect())
 }
 
@@ -495,12 +416,7 @@ pub fn check_held(
             let o = outcomes.iter().find(|o| &o.call.container_id == cid).expect("an outcome per address");
             let podref = format!("default/{}", pod_name(&o.call));
             let e = pool.get(a).unwrap_or_else(|| panic!("{a} of {cid} is not in the pool of {range}"));
-            assert_eq!(
-                (e.id.as_str(), e.podref.as_str(), e.ifname.as_str()),
-                (cid.as_str(), podref.as_str(), "eth0"),
-                "pool of {range}, entry {}",
-                e.key
-            );
+            assert_eq!((e.id.as_str(), e.podref.as_str(), e.ifname.as_str()), (cid.as_str(), podref.as_str(), "eth0"), "pool of {range}, entry {}", e.key);
             let held = reservations.get(&reservation_name(*a)).unwrap_or_else(|| panic!("no reservation for {a} of {cid}"));
             assert_eq!(held["podref"], podref, "reservation of {a}");
         }
@@ -527,12 +443,7 @@ pub fn process_cpu(pid: u32) -> Duration {
     // utime and stime are fields 14 and 15.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let total = ticks(11) + ticks(12);
@@ -576,10 +487,7 @@ pub struct RequestCounts {
 }
 
 /// The samples of metric `name` whose `group` label is the whereabouts group.
-fn group_samples<'a>(
-    metrics: &'a str,
-    name: &'a str,
-) -> impl Iterator<Item = (HashMap<String, String>, f64)> + 'a {
+fn group_samples<'a>(metrics: &'a str, name: &'a str) -> impl Iterator<Item = (HashMap<String, String>, f64)> + 'a {
     let group = GROUP_VERSION.split('/').next().unwrap();
     metrics.lines().filter_map(move |line| {
         let rest = line.strip_prefix(name)?.strip_prefix('{')?;
@@ -593,10 +501,7 @@ fn group_samples<'a>(
 }
 
 fn minus<K: Ord + Clone>(now: &BTreeMap<K, f64>, before: &BTreeMap<K, f64>) -> BTreeMap<K, f64> {
-    now.iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .collect()
+    now.iter().map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0))).filter(|(_, v)| *v > 0.0).collect()
 }
 
 fn plus<K: Ord + Clone>(total: &mut BTreeMap<K, f64>, more: &BTreeMap<K, f64>) {
@@ -614,25 +519,15 @@ impl RequestCounts {
     /// Parses the Prometheus text of `/metrics`.
     pub fn parse(metrics: &str) -> RequestCounts {
         let mut counts = RequestCounts::default();
-        let key =
-            |labels: &HashMap<String, String>, k: &str| labels.get(k).cloned().unwrap_or_default();
+        let key = |labels: &HashMap<String, String>, k: &str| labels.get(k).cloned().unwrap_or_default();
         for (l, v) in group_samples(metrics, "apiserver_request_total") {
-            *counts
-                .requests
-                .entry((key(&l, "verb"), key(&l, "resource"), key(&l, "code")))
-                .or_insert(0.0) += v;
+            *counts.requests.entry((key(&l, "verb"), key(&l, "resource"), key(&l, "code"))).or_insert(0.0) += v;
         }
         for (l, v) in group_samples(metrics, "etcd_request_duration_seconds_count") {
-            *counts
-                .etcd
-                .entry((key(&l, "operation"), key(&l, "resource")))
-                .or_insert(0.0) += v;
+            *counts.etcd.entry((key(&l, "operation"), key(&l, "resource"))).or_insert(0.0) += v;
         }
         for (l, v) in group_samples(metrics, "apiserver_request_duration_seconds_sum") {
-            *counts
-                .seconds
-                .entry((key(&l, "verb"), key(&l, "resource")))
-                .or_insert(0.0) += v;
+            *counts.seconds.entry((key(&l, "verb"), key(&l, "resource"))).or_insert(0.0) += v;
         }
         counts
     }
@@ -659,36 +554,22 @@ impl RequestCounts {
 
     /// Requests answered 409 (AlreadyExists, Conflict) or 422 (a failed JSON-patch test).
     pub fn conflicts(&self) -> f64 {
-        sum(self
-            .requests
-            .iter()
-            .filter(|((_, _, code), _)| code == "409" || code == "422")
-            .map(|(_, v)| v))
+        sum(self.requests.iter().filter(|((_, _, code), _)| code == "409" || code == "422").map(|(_, v)| v))
     }
 
     /// etcd writes (create, update, delete, including the apiserver's own retries).
     pub fn etcd_writes(&self) -> f64 {
-        sum(self
-            .etcd
-            .iter()
-            .filter(|((op, _), _)| matches!(op.as_str(), "create" | "update" | "delete"))
-            .map(|(_, v)| v))
+        sum(self.etcd.iter().filter(|((op, _), _)| matches!(op.as_str(), "create" | "update" | "delete")).map(|(_, v)| v))
     }
 
     /// `VERB resource code` → count, for a breakdown.
     pub fn lines(&self) -> Vec<(String, f64)> {
-        self.requests
-            .iter()
-            .map(|((verb, resource, code), v)| (format!("{verb} {resource} {code}"), *v))
-            .collect()
+        self.requests.iter().map(|((verb, resource, code), v)| (format!("{verb} {resource} {code}"), *v)).collect()
     }
 
     /// `operation resource` → count of etcd operations.
     pub fn etcd_lines(&self) -> Vec<(String, f64)> {
-        self.etcd
-            .iter()
-            .map(|((op, resource), v)| (format!("{op} {resource}"), *v))
-            .collect()
+        self.etcd.iter().map(|((op, resource), v)| (format!("{op} {resource}"), *v)).collect()
     }
 
     /// `VERB resource` → mean time inside the apiserver.
@@ -696,17 +577,8 @@ impl RequestCounts {
         self.seconds
             .iter()
             .filter_map(|((verb, resource), secs)| {
-                let n = sum(self
-                    .requests
-                    .iter()
-                    .filter(|((v, r, _), _)| v == verb && r == resource)
-                    .map(|(_, n)| n));
-                (n > 0.0).then(|| {
-                    (
-                        format!("{verb} {resource}"),
-                        Duration::from_secs_f64(secs / n),
-                    )
-                })
+                let n = sum(self.requests.iter().filter(|((v, r, _), _)| v == verb && r == resource).map(|(_, n)| n));
+                (n > 0.0).then(|| (format!("{verb} {resource}"), Duration::from_secs_f64(secs / n)))
             })
             .collect()
     }
@@ -731,9 +603,7 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn admin(cluster: &crate::Cluster) -> Result<Metrics> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let client = runtime.block_on(cluster.admin_client())?;
         Ok(Metrics { runtime, client })
     }
@@ -741,9 +611,7 @@ impl Metrics {
     /// The Prometheus text of `/metrics`.
     pub fn text(&self) -> Result<String> {
         let request = http::Request::get("/metrics").body(Vec::new())?;
-        self.runtime
-            .block_on(self.client.request_text(request))
-            .context("GET /metrics")
+        self.runtime.block_on(self.client.request_text(request)).context("GET /metrics")
     }
 
     pub fn requests(&self) -> Result<RequestCounts> {
@@ -771,23 +639,14 @@ pub struct LogStats {
 impl LogStats {
     pub fn read(log: &Path) -> LogStats {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        let mut stats = LogStats {
-            replans: text.matches("changed concurrently").count(),
-            ..LogStats::default()
-        };
+        let mut stats = LogStats { replans: text.matches("changed concurrently").count(), ..LogStats::default() };
         for action in etcd_requests(&text) {
             stats.requests += 1;
             *stats.by_target.entry(etcd_target(&action).to_string()).or_insert(0) += 1;
         }
         for request in api_requests(log) {
             stats.requests += 1;
-            let path = request
-                .split_whitespace()
-                .nth(1)
-                .unwrap_or_default()
-                .split('?')
-                .next()
-                .unwrap_or_default();
+            let path = request.split_whitespace().nth(1).unwrap_or_default().split('?').next().unwrap_or_default();
             let mut parts = path.rsplit('/');
             let last = parts.next().unwrap_or_default();
             let target = match last {
@@ -870,17 +729,8 @@ mod tests {
         assert_eq!(d.total(), 3.0);
         assert_eq!(d.conflicts(), 1.0);
         assert_eq!(d.etcd_writes(), 4.0);
-        assert_eq!(
-            d.mean_durations(),
-            [("PATCH ippools".to_string(), Duration::from_millis(500))]
-        );
-        assert_eq!(
-            d.lines(),
-            [
-                ("GET ippools 200".to_string(), 2.0),
-                ("PATCH ippools 422".to_string(), 1.0)
-            ]
-        );
+        assert_eq!(d.mean_durations(), [("PATCH ippools".to_string(), Duration::from_millis(500))]);
+        assert_eq!(d.lines(), [("GET ippools 200".to_string(), 2.0), ("PATCH ippools 422".to_string(), 1.0)]);
     }
 
     #[test]
@@ -900,18 +750,11 @@ mod tests {
         let b = outcome(
             r#"{"code": 11, "msg": "Kubernetes API server https://127.0.0.1:3456 unavailable while reading IPPool kube-system/2001-db8---64: no answer within 9000 ms"}"#,
         );
-        assert_eq!(
-            blurred_message(&a),
-            "[code 11] Kubernetes API server # unavailable while reading IPPool # no answer within # ms"
-        );
+        assert_eq!(blurred_message(&a), "[code 11] Kubernetes API server # unavailable while reading IPPool # no answer within # ms");
         assert_eq!(
             failure_summary(&[a, b, outcome("")]),
             [
-                (
-                    2,
-                    "[code 11] Kubernetes API server # unavailable while reading IPPool # no answer within # ms"
-                        .to_string()
-                ),
+                (2, "[code 11] Kubernetes API server # unavailable while reading IPPool # no answer within # ms".to_string()),
                 (1, "no CNI error on stdout (exit Some(1))".to_string())
             ]
         );

@@ -131,11 +131,7 @@ impl Etcd {
             args,
             metrics_port,
             dir: dir.clone(),
-            access: Access {
-                endpoint: client_url,
-                user: None,
-                tls: tls.as_ref().map(|f| (f.ca.clone(), f.client_cert.clone(), f.client_key.clone())),
-            },
+            access: Access { endpoint: client_url, user: None, tls: tls.as_ref().map(|f| (f.ca.clone(), f.client_cert.clone(), f.client_key.clone())) },
             root_password: None,
         };
         std::mem::forget(guard); // Etcd's Drop owns the directory now
@@ -171,7 +167,8 @@ impl Etcd {
         let mut options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(10));
         if let Some((ca, cert, key)) = &self.access.tls {
             let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
-            options = options.with_tls(TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?)).identity(Identity::from_pem(read(cert)?, read(key)?)));
+            options =
+                options.with_tls(TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?)).identity(Identity::from_pem(read(cert)?, read(key)?)));
         }
         if let Some((name, password)) = user {
             options = options.with_user(name, password);
@@ -239,11 +236,7 @@ impl Etcd {
         block_on(async {
             let mut c = self.admin().await?;
             let response = c.get(prefix, Some(GetOptions::new().with_prefix())).await.context("reading keys")?;
-            Ok(response
-                .kvs()
-                .iter()
-                .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), String::from_utf8_lossy(kv.value()).into_owned()))
-                .collect())
+            Ok(response.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), String::from_utf8_lossy(kv.value()).into_owned())).collect())
         })
     }
 
@@ -324,13 +317,7 @@ impl GrpcCounts {
 
     /// The counts of `self` minus those of `before` (an earlier scrape).
     pub fn since(&self, before: &GrpcCounts) -> GrpcCounts {
-        GrpcCounts(
-            self.0
-                .iter()
-                .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0.0)))
-                .filter(|(_, v)| *v > 0.0)
-                .collect(),
-        )
+        GrpcCounts(self.0.iter().map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0.0))).filter(|(_, v)| *v > 0.0).collect())
     }
 
     pub fn add(&mut self, other: &GrpcCounts) {

@@ -27,8 +27,8 @@
 //! ```
 
 mod apply;
-mod bins;
 pub mod bench;
+mod bins;
 pub mod burst;
 pub mod etcd;
 pub mod plugin;
@@ -96,21 +96,14 @@ impl Cluster {
             let t0 = Instant::now();
             match Self::try_start(&bins) {
                 Ok(c) => {
-                    eprintln!(
-                        "k8s-harness: kube-apiserver {} ready in {:.1?} (dir {})",
-                        c.server_url(),
-                        t0.elapsed(),
-                        c.dir.display()
-                    );
+                    eprintln!("k8s-harness: kube-apiserver {} ready in {:.1?} (dir {})", c.server_url(), t0.elapsed(), c.dir.display());
                     return Ok(c);
                 }
                 // Free ports are picked by binding :0 and closing; another process
                 // may grab one before etcd/apiserver binds it. Try fresh ports;
                 // any other failure is final.
                 Err(e) if format!("{e:#}").contains("address already in use") => {
-                    eprintln!(
-                        "k8s-harness: start attempt {attempt}/{START_ATTEMPTS} lost a port race: {e:#}"
-                    );
+                    eprintln!("k8s-harness: start attempt {attempt}/{START_ATTEMPTS} lost a port race: {e:#}");
                     last = Some(e);
                 }
                 Err(e) => return Err(e),
@@ -121,13 +114,9 @@ impl Cluster {
 
     fn try_start(bins: &Binaries) -> Result<Cluster> {
         let dir = make_temp_dir()?;
-        let keep_dir =
-            std::env::var_os("THEREABOUTS_K8S_KEEP").is_some_and(|v| v != "0" && !v.is_empty());
+        let keep_dir = std::env::var_os("THEREABOUTS_K8S_KEEP").is_some_and(|v| v != "0" && !v.is_empty());
         // From here on, `guard` removes the directory if we bail out.
-        let guard = DirGuard {
-            dir: dir.clone(),
-            keep: keep_dir,
-        };
+        let guard = DirGuard { dir: dir.clone(), keep: keep_dir };
         if keep_dir {
             // Not swept by later runs either.
             std::fs::write(dir.join("KEEP"), b"THEREABOUTS_K8S_KEEP was set\n")?;
@@ -182,24 +171,13 @@ impl Cluster {
             "--service-cluster-ip-range=10.0.0.0/24".to_string(),
             "--allow-privileged=true".to_string(),
             format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
-            format!(
-                "--service-account-key-file={}",
-                dir.join("sa.pub").display()
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                dir.join("sa.key").display()
-            ),
+            format!("--service-account-key-file={}", dir.join("sa.pub").display()),
+            format!("--service-account-signing-key-file={}", dir.join("sa.key").display()),
             // No controller-manager runs, so nothing would create default ServiceAccounts.
             "--disable-admission-plugins=ServiceAccount".to_string(),
             "--profiling=false".to_string(),
         ];
-        let apiserver = spawner.spawn(
-            "kube-apiserver",
-            &bins.kube_apiserver,
-            &apiserver_args,
-            &dir.join("kube-apiserver.log"),
-        )?;
+        let apiserver = spawner.spawn("kube-apiserver", &bins.kube_apiserver, &apiserver_args, &dir.join("kube-apiserver.log"))?;
 
         let cluster = Cluster {
             apiserver: Mutex::new(Some(apiserver)),
@@ -300,13 +278,9 @@ impl Cluster {
     pub async fn apply_path(&self, path: &Path) -> Result<Vec<kube::api::DynamicObject>> {
         let mut files = Vec::new();
         if path.is_dir() {
-            for e in
-                std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))?
-            {
+            for e in std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
                 let p = e?.path();
-                if p.extension()
-                    .is_some_and(|x| x == "yaml" || x == "yml" || x == "json")
-                {
+                if p.extension().is_some_and(|x| x == "yaml" || x == "yml" || x == "json") {
                     files.push(p);
                 }
             }
@@ -316,13 +290,8 @@ impl Cluster {
         }
         let mut out = Vec::new();
         for f in files {
-            let text =
-                std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
-            out.extend(
-                self.apply_yaml(&text)
-                    .await
-                    .with_context(|| format!("applying {}", f.display()))?,
-            );
+            let text = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+            out.extend(self.apply_yaml(&text).await.with_context(|| format!("applying {}", f.display()))?);
         }
         Ok(out)
     }
@@ -339,8 +308,7 @@ impl Cluster {
     /// IPPools in [`NAMESPACE`] (the authorizer's caches catch up in the background).
     pub async fn install_rbac(&self) -> Result<()> {
         self.apply_path(&deploy_dir().join("rbac.yaml")).await?;
-        self.wait_plugin_allowed("get", "whereabouts.cni.cncf.io", "ippools", NAMESPACE)
-            .await
+        self.wait_plugin_allowed("get", "whereabouts.cni.cncf.io", "ippools", NAMESPACE).await
     }
 
     /// Applies `deploy/flowcontrol.yaml`: the plugin's IPPool writes queue in a
@@ -356,25 +324,13 @@ impl Cluster {
     /// Waits until a SubjectAccessReview says the plugin identity may `verb` the
     /// `resource` of `group` in `namespace` (RBAC objects take effect a moment
     /// after they are written).
-    pub async fn wait_plugin_allowed(
-        &self,
-        verb: &str,
-        group: &str,
-        resource: &str,
-        namespace: &str,
-    ) -> Result<()> {
-        use k8s_openapi::api::authorization::v1::{
-            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-        };
+    pub async fn wait_plugin_allowed(&self, verb: &str, group: &str, resource: &str, namespace: &str) -> Result<()> {
+        use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
         let (sa_ns, sa_name) = PLUGIN_SERVICE_ACCOUNT;
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(format!("system:serviceaccount:{sa_ns}:{sa_name}")),
-                groups: Some(vec![
-                    "system:serviceaccounts".to_string(),
-                    format!("system:serviceaccounts:{sa_ns}"),
-                    "system:authenticated".to_string(),
-                ]),
+                groups: Some(vec!["system:serviceaccounts".to_string(), format!("system:serviceaccounts:{sa_ns}"), "system:authenticated".to_string()]),
                 resource_attributes: Some(ResourceAttributes {
                     verb: Some(verb.to_string()),
                     group: Some(group.to_string()),
@@ -394,9 +350,7 @@ impl Cluster {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!(
-                    "the plugin identity is still not allowed to {verb} {resource} in {namespace}"
-                );
+                bail!("the plugin identity is still not allowed to {verb} {resource} in {namespace}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -415,12 +369,7 @@ impl Cluster {
         {
             let mut slot = lock(&self.apiserver);
             if slot.is_none() {
-                let p = self.spawner.spawn(
-                    "kube-apiserver",
-                    &self.bins.kube_apiserver,
-                    &self.apiserver_args,
-                    &self.dir.join("kube-apiserver.log"),
-                )?;
+                let p = self.spawner.spawn("kube-apiserver", &self.bins.kube_apiserver, &self.apiserver_args, &self.dir.join("kube-apiserver.log"))?;
                 *slot = Some(p);
             }
         }
@@ -434,10 +383,7 @@ impl Cluster {
         while !crt.exists() {
             self.check_running()?;
             if Instant::now() > deadline {
-                bail!(
-                    "kube-apiserver wrote no certificate within {APISERVER_READY_TIMEOUT:?}{}",
-                    self.logs()
-                );
+                bail!("kube-apiserver wrote no certificate within {APISERVER_READY_TIMEOUT:?}{}", self.logs());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -466,9 +412,7 @@ impl Cluster {
                     match get_text(&client, &format!("/api/v1/namespaces/{ns}")).await {
                         Ok(_) => break,
                         Err(e) if Instant::now() > deadline => {
-                            bail!(
-                                "namespace {ns} was not created within {APISERVER_READY_TIMEOUT:?}: {e:#}"
-                            )
+                            bail!("namespace {ns} was not created within {APISERVER_READY_TIMEOUT:?}: {e:#}")
                         }
                         Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                     }
@@ -484,11 +428,7 @@ impl Cluster {
             if let Some(p) = lock(p).as_mut()
                 && let Some(status) = p.exited()
             {
-                bail!(
-                    "{} exited ({status}); last log lines:\n{}",
-                    p.name,
-                    p.log_tail(40)
-                );
+                bail!("{} exited ({status}); last log lines:\n{}", p.name, p.log_tail(40));
             }
         }
         Ok(())
@@ -497,11 +437,7 @@ impl Cluster {
     fn logs(&self) -> String {
         let mut s = String::new();
         for name in ["etcd.log", "kube-apiserver.log"] {
-            s.push_str(&format!(
-                "\n--- last lines of {} ---\n{}",
-                name,
-                process::log_tail(&self.dir.join(name), 25)
-            ));
+            s.push_str(&format!("\n--- last lines of {} ---\n{}", name, process::log_tail(&self.dir.join(name), 25)));
         }
         s
     }
@@ -509,18 +445,9 @@ impl Cluster {
     fn write_kubeconfigs(&self) -> Result<()> {
         let ca = base64::engine::general_purpose::STANDARD.encode(self.ca_pem()?);
         let (sa_ns, sa_name) = PLUGIN_SERVICE_ACCOUNT;
-        for (file, user, token) in [
-            (
-                self.admin_kubeconfig(),
-                "thereabouts-admin",
-                &self.admin_token,
-            ),
-            (
-                self.plugin_kubeconfig(),
-                "thereabouts-plugin",
-                &self.plugin_token,
-            ),
-        ] {
+        for (file, user, token) in
+            [(self.admin_kubeconfig(), "thereabouts-admin", &self.admin_token), (self.plugin_kubeconfig(), "thereabouts-plugin", &self.plugin_token)]
+        {
             let doc = serde_json::json!({
                 "apiVersion": "v1",
                 "kind": "Config",
@@ -537,9 +464,7 @@ impl Cluster {
                 "current-context": user,
                 "preferences": {},
             });
-            let mut text = format!(
-                "# kubeconfig of a thereabouts test cluster ({user}; plugin = ServiceAccount {sa_ns}/{sa_name})\n"
-            );
+            let mut text = format!("# kubeconfig of a thereabouts test cluster ({user}; plugin = ServiceAccount {sa_ns}/{sa_name})\n");
             text.push_str(&serde_yaml_ng::to_string(&doc)?);
             write_private(&file, text.as_bytes())?;
         }
@@ -574,12 +499,9 @@ pub fn crds_dir() -> PathBuf {
 }
 
 async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
     let config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .with_context(|| format!("loading {}", path.display()))?;
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.with_context(|| format!("loading {}", path.display()))?;
     kube::Client::try_from(config).context("building a client")
 }
 
@@ -596,15 +518,9 @@ where
     F::Output: Send,
 {
     std::thread::scope(|s| {
-        s.spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("building a tokio runtime")
-                .block_on(fut)
-        })
-        .join()
-        .expect("readiness thread panicked")
+        s.spawn(|| tokio::runtime::Builder::new_current_thread().enable_all().build().expect("building a tokio runtime").block_on(fut))
+            .join()
+            .expect("readiness thread panicked")
     })
 }
 
@@ -617,10 +533,7 @@ fn wait_etcd(etcd: &mut Proc, port: u16) -> Result<()> {
     let mut last;
     loop {
         if let Some(status) = etcd.exited() {
-            bail!(
-                "etcd exited ({status}); last log lines:\n{}",
-                etcd.log_tail(40)
-            );
+            bail!("etcd exited ({status}); last log lines:\n{}", etcd.log_tail(40));
         }
         match http_get_plain(port, "/health") {
             Ok(body) if body.contains("\"health\":\"true\"") => return Ok(()),
@@ -628,10 +541,7 @@ fn wait_etcd(etcd: &mut Proc, port: u16) -> Result<()> {
             Err(e) => last = e.to_string(),
         }
         if Instant::now() > deadline {
-            bail!(
-                "etcd not healthy within {ETCD_READY_TIMEOUT:?}: {last}\n{}",
-                etcd.log_tail(40)
-            );
+            bail!("etcd not healthy within {ETCD_READY_TIMEOUT:?}: {last}\n{}", etcd.log_tail(40));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -650,9 +560,7 @@ fn http_get_plain(port: u16, path: &str) -> std::io::Result<String> {
 
 fn free_ports<const N: usize>() -> Result<[u16; N]> {
     // Hold all listeners at once so the N ports are distinct.
-    let listeners: Vec<TcpListener> = (0..N)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<std::io::Result<_>>()?;
+    let listeners: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0))).collect::<std::io::Result<_>>()?;
     let mut ports = [0u16; N];
     for (p, l) in ports.iter_mut().zip(&listeners) {
         *p = l.local_addr()?.port();
@@ -668,13 +576,8 @@ fn random_token() -> Result<String> {
 
 fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::File::options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
+    let mut f =
+        std::fs::File::options().write(true).create(true).truncate(true).mode(0o600).open(path).with_context(|| format!("writing {}", path.display()))?;
     f.write_all(data)?;
     Ok(())
 }
@@ -683,11 +586,7 @@ fn make_temp_dir() -> Result<PathBuf> {
     let base = std::env::temp_dir();
     for _ in 0..16 {
         let suffix = random_token()?;
-        let dir = base.join(format!(
-            "{TEMP_PREFIX}{}-{}",
-            std::process::id(),
-            &suffix[..8]
-        ));
+        let dir = base.join(format!("{TEMP_PREFIX}{}-{}", std::process::id(), &suffix[..8]));
         match std::fs::create_dir(&dir) {
             Ok(()) => {
                 use std::os::unix::fs::PermissionsExt;

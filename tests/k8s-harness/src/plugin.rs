@@ -24,12 +24,7 @@ pub const RESERVATIONS: &str = "overlappingrangeipreservations";
 /// `{"cniVersion": "1.1.0", "name": <name>, "ipam": {"type": "thereabouts",
 /// "datastore": "kubernetes", "kubernetes": {"kubeconfig": ...}, "ipRanges": [...]}}`,
 /// with `network_name` when given.
-pub fn kubernetes_conf(
-    name: &str,
-    kubeconfig: &Path,
-    network_name: Option<&str>,
-    ranges: &[&str],
-) -> Value {
+pub fn kubernetes_conf(name: &str, kubeconfig: &Path, network_name: Option<&str>, ranges: &[&str]) -> Value {
     let mut ipam = json!({
         "type": "thereabouts",
         "datastore": "kubernetes",
@@ -53,16 +48,11 @@ pub fn with_debug_log(mut conf: Value, log: &Path) -> Value {
 pub fn api_requests(log: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     text.lines()
-        .filter_map(|l| {
-            l.split_once("kubernetes API request #")
-                .map(|(_, rest)| rest)
-        })
+        .filter_map(|l| l.split_once("kubernetes API request #").map(|(_, rest)| rest))
         .map(|rest| {
             let rest = rest.split_once(": ").map_or(rest, |(_, r)| r);
             // Drop the timing: "... -> ok in 3 ms".
-            rest.rsplit_once(" in ")
-                .map_or(rest, |(r, _)| r)
-                .to_string()
+            rest.rsplit_once(" in ").map_or(rest, |(r, _)| r).to_string()
         })
         .collect()
 }
@@ -70,12 +60,10 @@ pub fn api_requests(log: &Path) -> Vec<String> {
 /// Writes a copy of the kubeconfig `source` to `dest` after `edit` changed it
 /// (as JSON: `contexts[0].context.namespace`, `users[0].user.token`, ...).
 pub fn kubeconfig_variant(source: &Path, dest: &Path, edit: impl FnOnce(&mut Value)) -> Result<()> {
-    let text =
-        std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))?;
+    let text = std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))?;
     let mut doc: Value = serde_yaml_ng::from_str(&text).context("parsing the kubeconfig")?;
     edit(&mut doc);
-    std::fs::write(dest, serde_yaml_ng::to_string(&doc)?)
-        .with_context(|| format!("writing {}", dest.display()))
+    std::fs::write(dest, serde_yaml_ng::to_string(&doc)?).with_context(|| format!("writing {}", dest.display()))
 }
 
 /// The admin's view of the whereabouts objects in one namespace, blocking (a
@@ -93,15 +81,9 @@ impl Objects {
     }
 
     pub fn admin_in(cluster: &Cluster, namespace: &str) -> Result<Objects> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let client = runtime.block_on(cluster.admin_client())?;
-        Ok(Objects {
-            runtime,
-            client,
-            namespace: namespace.to_string(),
-        })
+        Ok(Objects { runtime, client, namespace: namespace.to_string() })
     }
 
     pub fn namespace(&self) -> &str {
@@ -109,27 +91,15 @@ impl Objects {
     }
 
     fn path(&self, plural: &str, name: Option<&str>) -> String {
-        let base = format!(
-            "/apis/{GROUP_VERSION}/namespaces/{}/{plural}",
-            self.namespace
-        );
+        let base = format!("/apis/{GROUP_VERSION}/namespaces/{}/{plural}", self.namespace);
         match name {
             Some(n) => format!("{base}/{n}"),
             None => base,
         }
     }
 
-    fn send(
-        &self,
-        method: http::Method,
-        path: &str,
-        body: Option<&Value>,
-    ) -> Result<Option<String>> {
-        let content_type = if method == http::Method::PATCH {
-            "application/merge-patch+json"
-        } else {
-            "application/json"
-        };
+    fn send(&self, method: http::Method, path: &str, body: Option<&Value>) -> Result<Option<String>> {
+        let content_type = if method == http::Method::PATCH { "application/merge-patch+json" } else { "application/json" };
         let mut request = http::Request::builder().method(method).uri(path);
         let bytes = match body {
             Some(b) => {
@@ -160,42 +130,19 @@ impl Objects {
 
     /// Every object of the kind in the namespace, by name.
     pub fn list(&self, plural: &str) -> Result<BTreeMap<String, Value>> {
-        let text = self
-            .send(http::Method::GET, &self.path(plural, None), None)?
-            .unwrap_or_default();
+        let text = self.send(http::Method::GET, &self.path(plural, None), None)?.unwrap_or_default();
         let list: Value = serde_json::from_str(&text)?;
-        Ok(list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|o| {
-                (
-                    o["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                    o.clone(),
-                )
-            })
-            .collect())
+        Ok(list["items"].as_array().into_iter().flatten().map(|o| (o["metadata"]["name"].as_str().unwrap_or_default().to_string(), o.clone())).collect())
     }
 
     /// `spec.allocations` of a pool (empty when the pool or the map is absent).
     pub fn allocations(&self, pool: &str) -> Result<BTreeMap<String, Value>> {
-        Ok(self
-            .get(IPPOOLS, pool)?
-            .and_then(|p| p["spec"]["allocations"].as_object().cloned())
-            .map(|m| m.into_iter().collect())
-            .unwrap_or_default())
+        Ok(self.get(IPPOOLS, pool)?.and_then(|p| p["spec"]["allocations"].as_object().cloned()).map(|m| m.into_iter().collect()).unwrap_or_default())
     }
 
     /// Reservations by name: their `spec`.
     pub fn reservations(&self) -> Result<BTreeMap<String, Value>> {
-        Ok(self
-            .list(RESERVATIONS)?
-            .into_iter()
-            .map(|(n, o)| (n, o["spec"].clone()))
-            .collect())
+        Ok(self.list(RESERVATIONS)?.into_iter().map(|(n, o)| (n, o["spec"].clone())).collect())
     }
 
     /// Creates an object (JSON or YAML text of one object) in the namespace.
@@ -216,22 +163,12 @@ impl Objects {
     /// moves the object's `resourceVersion` without touching its allocations.
     pub fn annotate(&self, plural: &str, name: &str, key: &str, value: &str) -> Result<()> {
         let patch = json!({"metadata": {"annotations": {key: value}}});
-        self.send(
-            http::Method::PATCH,
-            &self.path(plural, Some(name)),
-            Some(&patch),
-        )
-        .map(|_| ())
+        self.send(http::Method::PATCH, &self.path(plural, Some(name)), Some(&patch)).map(|_| ())
     }
 
     /// Sends a JSON patch (RFC 6902) as the admin: the object written, or the
     /// API's refusal code (422 when a `test` failed, 404, ...).
-    pub fn json_patch(
-        &self,
-        plural: &str,
-        name: &str,
-        ops: &Value,
-    ) -> Result<std::result::Result<Value, u16>> {
+    pub fn json_patch(&self, plural: &str, name: &str, ops: &Value) -> Result<std::result::Result<Value, u16>> {
         let request = http::Request::builder()
             .method(http::Method::PATCH)
             .uri(self.path(plural, Some(name)))
@@ -245,8 +182,7 @@ impl Objects {
     }
 
     pub fn delete(&self, plural: &str, name: &str) -> Result<()> {
-        self.send(http::Method::DELETE, &self.path(plural, Some(name)), None)
-            .map(|_| ())
+        self.send(http::Method::DELETE, &self.path(plural, Some(name)), None).map(|_| ())
     }
 
     /// Creates (or keeps) a namespace.
@@ -255,9 +191,7 @@ impl Objects {
             .method(http::Method::POST)
             .uri("/api/v1/namespaces")
             .header("content-type", "application/json")
-            .body(serde_json::to_vec(
-                &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
-            )?)?;
+            .body(serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))?)?;
         match self.runtime.block_on(self.client.request_text(request)) {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
@@ -267,8 +201,6 @@ impl Objects {
 
     /// Server-side-applies a YAML stream (RBAC objects of a test, say) as admin.
     pub fn apply(&self, yaml: &str) -> Result<()> {
-        self.runtime
-            .block_on(crate::apply_yaml(&self.client, yaml, &self.namespace))
-            .map(|_| ())
+        self.runtime.block_on(crate::apply_yaml(&self.client, yaml, &self.namespace)).map(|_| ())
     }
 }

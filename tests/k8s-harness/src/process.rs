@@ -35,44 +35,20 @@ impl Spawner {
                 }
             })
             .context("starting the spawner thread")?;
-        Ok(Spawner {
-            tx: Some(tx),
-            thread: Some(thread),
-        })
+        Ok(Spawner { tx: Some(tx), thread: Some(thread) })
     }
 
     /// Spawns `bin args...` with stdout and stderr appended to `log`.
-    pub(crate) fn spawn(
-        &self,
-        name: &str,
-        bin: &Path,
-        args: &[String],
-        log: &Path,
-    ) -> Result<Proc> {
-        let out = File::options()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("opening {}", log.display()))?;
+    pub(crate) fn spawn(&self, name: &str, bin: &Path, args: &[String], log: &Path) -> Result<Proc> {
+        let out = File::options().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
         let err = out.try_clone()?;
         let mut cmd = Command::new(bin);
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0);
+        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
         let parent = std::process::id() as libc::pid_t;
         // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 // The parent may have died between fork and prctl.
@@ -83,20 +59,9 @@ impl Spawner {
             });
         }
         let (reply_tx, reply_rx) = mpsc::channel();
-        self.tx
-            .as_ref()
-            .expect("spawner is alive")
-            .send((cmd, reply_tx))
-            .map_err(|_| anyhow::anyhow!("spawner thread is gone"))?;
-        let child = reply_rx
-            .recv()
-            .context("spawner thread is gone")?
-            .with_context(|| format!("starting {name} ({})", bin.display()))?;
-        Ok(Proc {
-            name: name.to_string(),
-            child,
-            log: log.to_path_buf(),
-        })
+        self.tx.as_ref().expect("spawner is alive").send((cmd, reply_tx)).map_err(|_| anyhow::anyhow!("spawner thread is gone"))?;
+        let child = reply_rx.recv().context("spawner thread is gone")?.with_context(|| format!("starting {name} ({})", bin.display()))?;
+        Ok(Proc { name: name.to_string(), child, log: log.to_path_buf() })
     }
 }
 
@@ -175,10 +140,7 @@ pub fn pid_alive(pid: u32) -> bool {
     }
     // A zombie still "exists" for kill(0); treat it as dead.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Ok(stat) => !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
         Err(_) => false,
     }
 }

@@ -24,12 +24,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, check_held, expect_all_ok, log_path, pod_name, pods, pool_entries,
-    reservation_name, reservations_in, run_concurrently, run_one, run_through_outage, summary,
+    Invocation, LogStats, check_held, expect_all_ok, log_path, pod_name, pods, pool_entries, reservation_name, reservations_in, run_concurrently, run_one,
+    run_through_outage, summary,
 };
-use thereabouts_k8s_harness::plugin::{
-    GROUP_VERSION, IPPOOLS, Objects, RESERVATIONS, kubernetes_conf, with_debug_log,
-};
+use thereabouts_k8s_harness::plugin::{GROUP_VERSION, IPPOOLS, Objects, RESERVATIONS, kubernetes_conf, with_debug_log};
 use thereabouts_k8s_harness::{Cluster, NAMESPACE};
 
 /// The plugin's budget where the tests check correctness, not speed.
@@ -38,11 +36,7 @@ const GENEROUS: Duration = Duration::from_secs(120);
 const WATCHDOG: Duration = Duration::from_secs(180);
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
 
 /// Held by each test for its whole run: one at a time.
@@ -51,18 +45,9 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 fn prepared_cluster() -> Cluster {
     let cluster = Cluster::start().expect("starting etcd + kube-apiserver");
     block_on(async {
-        cluster
-            .install_crds()
-            .await
-            .expect("installing deploy/crds");
-        cluster
-            .install_rbac()
-            .await
-            .expect("installing deploy/rbac.yaml");
-        cluster
-            .install_flowcontrol()
-            .await
-            .expect("installing deploy/flowcontrol.yaml");
+        cluster.install_crds().await.expect("installing deploy/crds");
+        cluster.install_rbac().await.expect("installing deploy/rbac.yaml");
+        cluster.install_flowcontrol().await.expect("installing deploy/flowcontrol.yaml");
     });
     cluster
 }
@@ -77,11 +62,7 @@ struct Network {
 
 impl Network {
     fn new(cluster: &Cluster, name: &str, ranges: &[&'static str]) -> Network {
-        Network {
-            conf: kubernetes_conf(name, &cluster.plugin_kubeconfig(), None, ranges),
-            ranges: ranges.to_vec(),
-            logs: TempDir::new(name),
-        }
+        Network { conf: kubernetes_conf(name, &cluster.plugin_kubeconfig(), None, ranges), ranges: ranges.to_vec(), logs: TempDir::new(name) }
     }
 
     fn stdin(&self, tag: &str) -> String {
@@ -95,9 +76,7 @@ impl Network {
 
     /// ADDs (or DELs) for `pods` = (container ID, pod name).
     fn calls(&self, command: &str, pods: &[(String, String)], budget: Duration) -> Vec<Invocation> {
-        pods.iter()
-            .map(|(cid, pod)| self.invocation(command, cid, pod, budget))
-            .collect()
+        pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod, budget)).collect()
     }
 
     fn log_stats(&self, command: &str, outcomes: &[Outcome]) -> LogStats {
@@ -111,24 +90,13 @@ impl Network {
 
     /// IPPool names, in range order (the engine's naming: `192.0.2.0/24` → `192.0.2.0-24`).
     fn pools(&self) -> Vec<(String, &'static str)> {
-        self.ranges
-            .iter()
-            .map(|r| (r.replace([':', '/'], "-"), *r))
-            .collect()
+        self.ranges.iter().map(|r| (r.replace([':', '/'], "-"), *r)).collect()
     }
 }
 
 /// [`check_held`] against the IPPools and reservations as the admin reads them.
-fn check_results(
-    net: &Network,
-    objects: &Objects,
-    outcomes: &[&Outcome],
-) -> Vec<BTreeMap<IpAddr, String>> {
-    let entries: Vec<_> = net
-        .pools()
-        .iter()
-        .map(|(pool, range)| pool_entries(objects, pool, range).unwrap())
-        .collect();
+fn check_results(net: &Network, objects: &Objects, outcomes: &[&Outcome]) -> Vec<BTreeMap<IpAddr, String>> {
+    let entries: Vec<_> = net.pools().iter().map(|(pool, range)| pool_entries(objects, pool, range).unwrap()).collect();
     let reservations = reservations_in(objects, &net.ranges).unwrap();
     check_held(&net.ranges, outcomes, &entries, &reservations)
 }
@@ -145,20 +113,13 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     let cluster = prepared_cluster();
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(
-        &cluster,
-        "k8s-burst200",
-        &["192.0.2.0/24", "2001:db8:80::/64"],
-    );
+    let net = Network::new(&cluster, "k8s-burst200", &["192.0.2.0/24", "2001:db8:80::/64"]);
     let pods = pods("burst", PODS);
 
     let started = Instant::now();
     let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), WATCHDOG, None);
     let wall = started.elapsed();
-    eprintln!(
-        "{}",
-        summary("burst ADD", &adds, wall, &net.log_stats("ADD", &adds), "API")
-    );
+    eprintln!("{}", summary("burst ADD", &adds, wall, &net.log_stats("ADD", &adds), "API"));
     expect_all_ok(&adds, "concurrent ADD");
     let all: Vec<&Outcome> = adds.iter().collect();
     let held = check_results(&net, &objects, &all);
@@ -166,40 +127,21 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     for ((pool, range), seen) in net.pools().iter().zip(&held) {
         let entries = pool_entries(&objects, pool, range).unwrap();
         assert_eq!(entries.len(), PODS, "IPPool {pool} holds {PODS} entries");
-        assert_eq!(
-            entries.keys().collect::<BTreeSet<_>>(),
-            seen.keys().collect(),
-            "{pool}"
-        );
+        assert_eq!(entries.keys().collect::<BTreeSet<_>>(), seen.keys().collect(), "{pool}");
     }
-    assert_eq!(
-        reservations_in(&objects, &net.ranges).unwrap().len(),
-        2 * PODS,
-        "one reservation per address"
-    );
+    assert_eq!(reservations_in(&objects, &net.ranges).unwrap().len(), 2 * PODS, "one reservation per address");
 
     let started = Instant::now();
     let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), WATCHDOG, None);
     let wall = started.elapsed();
-    eprintln!(
-        "{}",
-        summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels), "API")
-    );
+    eprintln!("{}", summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels), "API"));
     expect_all_ok(&dels, "concurrent DEL");
     for (pool, _) in net.pools() {
         let left = objects.allocations(&pool).unwrap();
-        assert!(
-            left.is_empty(),
-            "IPPool {pool} still holds {} entries: {left:?}",
-            left.len()
-        );
+        assert!(left.is_empty(), "IPPool {pool} still holds {} entries: {left:?}", left.len());
     }
     let left = reservations_in(&objects, &net.ranges).unwrap();
-    assert!(
-        left.is_empty(),
-        "{} reservations left: {left:?}",
-        left.len()
-    );
+    assert!(left.is_empty(), "{} reservations left: {left:?}", left.len());
 }
 
 /// The apiserver is killed (SIGKILL) while 100 ADDs with a 5 s deadline run,
@@ -227,67 +169,32 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
     let cluster = prepared_cluster();
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(
-        &cluster,
-        "k8s-fault",
-        &["198.51.100.0/24", "2001:db8:81::/64"],
-    );
+    let net = Network::new(&cluster, "k8s-fault", &["198.51.100.0/24", "2001:db8:81::/64"]);
     // The pools exist before the burst, as in a running cluster.
-    let warm = run_one(
-        &bin,
-        &net.invocation("ADD", "cid-warm", "warm", GENEROUS),
-        WATCHDOG,
-    );
+    let warm = run_one(&bin, &net.invocation("ADD", "cid-warm", "warm", GENEROUS), WATCHDOG);
     warm.expect_ok("ADD before the burst");
 
     let pods = pods("fault", PODS);
-    let outage = run_through_outage(
-        &bin,
-        &net.calls("ADD", &pods, DEADLINE),
-        WATCHDOG,
-        KILL_AFTER,
-        KILL_AT,
-        || cluster.stop_apiserver(),
-    );
+    let outage = run_through_outage(&bin, &net.calls("ADD", &pods, DEADLINE), WATCHDOG, KILL_AFTER, KILL_AT, || cluster.stop_apiserver());
     let adds = &outage.outcomes;
-    let line = summary(
-        "ADD during the outage",
-        adds,
-        outage.wall,
-        &net.log_stats("ADD", adds),
-        "API",
-    );
+    let line = summary("ADD during the outage", adds, outage.wall, &net.log_stats("ADD", adds), "API");
     let ok = outage.check("apiserver killed", line, DEADLINE, SLACK);
     let failed: Vec<&Outcome> = adds.iter().filter(|o| !o.ok()).collect();
 
-    cluster
-        .start_apiserver()
-        .expect("restarting kube-apiserver");
+    cluster.start_apiserver().expect("restarting kube-apiserver");
     // The successful pods: addresses present, unique, reserved.
     let mut holders: Vec<&Outcome> = ok.clone();
     holders.push(&warm);
     check_results(&net, &objects, &holders);
     // Anything else belongs to a failed pod (a commit whose answer was lost).
-    let succeeded: BTreeSet<&str> = holders
-        .iter()
-        .map(|o| o.call.container_id.as_str())
-        .collect();
-    let failed_cids: BTreeSet<&str> = failed
-        .iter()
-        .map(|o| o.call.container_id.as_str())
-        .collect();
-    let failed_pods: BTreeSet<String> = failed
-        .iter()
-        .map(|o| format!("default/{}", pod_name(&o.call)))
-        .collect();
+    let succeeded: BTreeSet<&str> = holders.iter().map(|o| o.call.container_id.as_str()).collect();
+    let failed_cids: BTreeSet<&str> = failed.iter().map(|o| o.call.container_id.as_str()).collect();
+    let failed_pods: BTreeSet<String> = failed.iter().map(|o| format!("default/{}", pod_name(&o.call))).collect();
     let mut in_doubt = 0;
     for (pool, range) in net.pools() {
         for e in pool_entries(&objects, &pool, range).unwrap().values() {
             if !succeeded.contains(e.id.as_str()) {
-                assert!(
-                    failed_cids.contains(e.id.as_str()),
-                    "IPPool {pool}: entry of nobody's ADD: {e:?}"
-                );
+                assert!(failed_cids.contains(e.id.as_str()), "IPPool {pool}: entry of nobody's ADD: {e:?}");
                 in_doubt += 1;
             }
         }
@@ -298,61 +205,29 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
         .filter(|(_, spec)| failed_pods.contains(spec["podref"].as_str().unwrap_or_default()))
         .map(|(name, _)| name)
         .collect();
-    eprintln!(
-        "after the restart: {in_doubt} pool entries and {} reservations of failed ADDs (written, answer lost or cleanup cut off)",
-        orphaned.len()
-    );
+    eprintln!("after the restart: {in_doubt} pool entries and {} reservations of failed ADDs (written, answer lost or cleanup cut off)", orphaned.len());
 
     // The runtime's DEL for each failed ADD removes whatever it left.
-    let failed_pods_list: Vec<(String, String)> = failed
-        .iter()
-        .map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string()))
-        .collect();
-    let dels = run_concurrently(
-        &bin,
-        &net.calls("DEL", &failed_pods_list, GENEROUS),
-        WATCHDOG,
-        None,
-    );
+    let failed_pods_list: Vec<(String, String)> = failed.iter().map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string())).collect();
+    let dels = run_concurrently(&bin, &net.calls("DEL", &failed_pods_list, GENEROUS), WATCHDOG, None);
     expect_all_ok(&dels, "DEL of a failed ADD");
     for (pool, range) in net.pools() {
         let entries = pool_entries(&objects, &pool, range).unwrap();
-        let stale: Vec<_> = entries
-            .values()
-            .filter(|e| failed_cids.contains(e.id.as_str()))
-            .collect();
-        assert!(
-            stale.is_empty(),
-            "IPPool {pool}: entries of failed ADDs after their DEL: {stale:?}"
-        );
-        assert_eq!(
-            entries.len(),
-            holders.len(),
-            "IPPool {pool}: exactly the successful pods' entries"
-        );
+        let stale: Vec<_> = entries.values().filter(|e| failed_cids.contains(e.id.as_str())).collect();
+        assert!(stale.is_empty(), "IPPool {pool}: entries of failed ADDs after their DEL: {stale:?}");
+        assert_eq!(entries.len(), holders.len(), "IPPool {pool}: exactly the successful pods' entries");
     }
     let stale: Vec<(String, Value)> = reservations_in(&objects, &net.ranges)
         .unwrap()
         .into_iter()
         .filter(|(_, spec)| failed_pods.contains(spec["podref"].as_str().unwrap_or_default()))
         .collect();
-    assert!(
-        stale.is_empty(),
-        "reservations of failed ADDs after their DEL: {stale:?}"
-    );
+    assert!(stale.is_empty(), "reservations of failed ADDs after their DEL: {stale:?}");
     check_results(&net, &objects, &holders);
 
     // And the cluster carries on: the successful pods are released too.
-    let holder_pods: Vec<(String, String)> = holders
-        .iter()
-        .map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string()))
-        .collect();
-    let dels = run_concurrently(
-        &bin,
-        &net.calls("DEL", &holder_pods, GENEROUS),
-        WATCHDOG,
-        None,
-    );
+    let holder_pods: Vec<(String, String)> = holders.iter().map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string())).collect();
+    let dels = run_concurrently(&bin, &net.calls("DEL", &holder_pods, GENEROUS), WATCHDOG, None);
     expect_all_ok(&dels, "DEL after the outage");
     for (pool, _) in net.pools() {
         assert!(objects.allocations(&pool).unwrap().is_empty(), "{pool}");
@@ -397,10 +272,7 @@ impl Whereabouts {
     const MAX_CHURN: usize = 3;
 
     fn start(cluster: &Cluster, pool: &str, range: &'static str) -> Whereabouts {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let client = runtime.block_on(cluster.admin_client()).unwrap();
         let mut w = Whereabouts {
             runtime,
@@ -416,21 +288,12 @@ impl Whereabouts {
         let mut allocations = serde_json::Map::new();
         for offset in Self::STICKY {
             let id = format!("wb-sticky-{offset}");
-            allocations.insert(
-                offset.to_string(),
-                json!({"id": id, "podref": format!("other/{id}"), "ifname": "net1"}),
-            );
+            allocations.insert(offset.to_string(), json!({"id": id, "podref": format!("other/{id}"), "ifname": "net1"}));
             w.sticky.push((offset, id));
         }
         let body = json!({"apiVersion": GROUP_VERSION, "kind": "IPPool", "metadata": {"name": pool},
             "spec": {"range": range, "allocations": allocations}});
-        w.send(
-            http::Method::POST,
-            &w.path(IPPOOLS, None),
-            "application/json",
-            &body,
-        )
-        .expect("creating the IPPool");
+        w.send(http::Method::POST, &w.path(IPPOOLS, None), "application/json", &body).expect("creating the IPPool");
         for (offset, id) in w.sticky.clone() {
             let ip = w.address(offset);
             w.reserve(&ip, &id).expect("reserving a sticky entry");
@@ -449,19 +312,8 @@ impl Whereabouts {
     }
 
     /// The answer's JSON, or the HTTP code of an API failure.
-    fn send(
-        &self,
-        method: http::Method,
-        path: &str,
-        content_type: &str,
-        body: &Value,
-    ) -> Result<Value, u16> {
-        let request = http::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("content-type", content_type)
-            .body(serde_json::to_vec(body).unwrap())
-            .unwrap();
+    fn send(&self, method: http::Method, path: &str, content_type: &str, body: &Value) -> Result<Value, u16> {
+        let request = http::Request::builder().method(method).uri(path).header("content-type", content_type).body(serde_json::to_vec(body).unwrap()).unwrap();
         match self.runtime.block_on(self.client.request_text(request)) {
             Ok(text) => Ok(serde_json::from_str(&text).unwrap_or(Value::Null)),
             Err(kube::Error::Api(s)) => Err(s.code),
@@ -483,63 +335,33 @@ impl Whereabouts {
         let body = json!({"apiVersion": GROUP_VERSION, "kind": "OverlappingRangeIPReservation",
             "metadata": {"name": reservation_name(*ip)},
             "spec": {"podref": format!("other/{id}"), "ifname": "net1", "containerid": id}});
-        self.send(
-            http::Method::POST,
-            &self.path(RESERVATIONS, None),
-            "application/json",
-            &body,
-        )
-        .map(|o| {
-            o["metadata"]["uid"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        })
+        self.send(http::Method::POST, &self.path(RESERVATIONS, None), "application/json", &body)
+            .map(|o| o["metadata"]["uid"].as_str().unwrap_or_default().to_string())
     }
 
     fn held(&self) -> Vec<(u128, String)> {
-        self.sticky
-            .iter()
-            .cloned()
-            .chain(self.churn.iter().map(|(o, id, _)| (*o, id.clone())))
-            .collect()
+        self.sticky.iter().cloned().chain(self.churn.iter().map(|(o, id, _)| (*o, id.clone()))).collect()
     }
 
     /// One step: check, then add or remove one entry.
     fn tick(&mut self, tick: usize) {
-        let pool = self
-            .get(&self.path(IPPOOLS, Some(&self.pool)))
-            .expect("reading the IPPool");
-        let rv = pool["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let allocations = pool["spec"]["allocations"]
-            .as_object()
-            .cloned()
-            .unwrap_or_default();
+        let pool = self.get(&self.path(IPPOOLS, Some(&self.pool))).expect("reading the IPPool");
+        let rv = pool["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+        let allocations = pool["spec"]["allocations"].as_object().cloned().unwrap_or_default();
         for (offset, id) in self.held() {
-            let found = allocations
-                .get(&offset.to_string())
-                .map(|e| e["id"].clone());
+            let found = allocations.get(&offset.to_string()).map(|e| e["id"].clone());
             if found != Some(json!(id)) {
-                self.stats.violations.push(format!(
-                    "entry {offset} of {id} is now {found:?} (resourceVersion {rv})"
-                ));
+                self.stats.violations.push(format!("entry {offset} of {id} is now {found:?} (resourceVersion {rv})"));
             }
         }
-        let add =
-            self.churn.is_empty() || (self.churn.len() < Self::MAX_CHURN && tick.is_multiple_of(2));
+        let add = self.churn.is_empty() || (self.churn.len() < Self::MAX_CHURN && tick.is_multiple_of(2));
         if add {
             // Lowest free offset whose address nobody has reserved (whereabouts
             // reads the ORIP of a candidate and skips it when held).
             let (_, len) = thereabouts_e2e::range_network(self.range);
-            let last =
-                (1u128 << (if self.address(0).is_ipv4() { 32 } else { 128 } - len as u32)) - 2;
+            let last = (1u128 << (if self.address(0).is_ipv4() { 32 } else { 128 } - len as u32)) - 2;
             let Some(offset) = (1..=last).find(|o| {
-                !allocations.contains_key(&o.to_string())
-                    && self.get(&self.path(RESERVATIONS, Some(&reservation_name(self.address(*o)))))
-                        == Err(404)
+                !allocations.contains_key(&o.to_string()) && self.get(&self.path(RESERVATIONS, Some(&reservation_name(self.address(*o))))) == Err(404)
             }) else {
                 return;
             };
@@ -550,12 +372,7 @@ impl Whereabouts {
                 {"op": "test", "path": key, "value": null},
                 {"op": "add", "path": key, "value": {"id": id, "podref": format!("other/{id}"), "ifname": "net1"}},
             ]);
-            match self.send(
-                http::Method::PATCH,
-                &self.path(IPPOOLS, Some(&self.pool)),
-                "application/json-patch+json",
-                &patch,
-            ) {
+            match self.send(http::Method::PATCH, &self.path(IPPOOLS, Some(&self.pool)), "application/json-patch+json", &patch) {
                 Ok(_) => {
                     self.next_pod += 1;
                     self.stats.adds += 1;
@@ -575,28 +392,15 @@ impl Whereabouts {
         } else {
             let (offset, _, uid) = self.churn.front().cloned().unwrap();
             let mut replaced = pool.clone();
-            replaced["spec"]["allocations"]
-                .as_object_mut()
-                .unwrap()
-                .remove(&offset.to_string());
-            match self.send(
-                http::Method::PUT,
-                &self.path(IPPOOLS, Some(&self.pool)),
-                "application/json",
-                &replaced,
-            ) {
+            replaced["spec"]["allocations"].as_object_mut().unwrap().remove(&offset.to_string());
+            match self.send(http::Method::PUT, &self.path(IPPOOLS, Some(&self.pool)), "application/json", &replaced) {
                 Ok(_) => {
                     self.churn.pop_front();
                     self.stats.removes += 1;
                     if let Some(uid) = uid {
                         let name = reservation_name(self.address(offset));
                         let options = json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}});
-                        match self.send(
-                            http::Method::DELETE,
-                            &self.path(RESERVATIONS, Some(&name)),
-                            "application/json",
-                            &options,
-                        ) {
+                        match self.send(http::Method::DELETE, &self.path(RESERVATIONS, Some(&name)), "application/json", &options) {
                             Ok(_) | Err(404) => {}
                             Err(code) => {
                                 panic!("whereabouts writer: deleting reservation {name}: {code}")
@@ -642,11 +446,7 @@ fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
     let cluster = prepared_cluster();
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(
-        &cluster,
-        "k8s-mixed",
-        &["203.0.113.0/24", "2001:db8:82::/64"],
-    );
+    let net = Network::new(&cluster, "k8s-mixed", &["203.0.113.0/24", "2001:db8:82::/64"]);
     let (v4_pool, v4_range) = net.pools()[0].clone();
     let pods = pods("mixed", PODS);
 
@@ -663,14 +463,9 @@ fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
         expect_all_ok(&adds, "ADD beside a whereabouts writer");
         let all: Vec<&Outcome> = adds.iter().collect();
         let held = check_results(&net, &objects, &all);
-        let foreign: BTreeSet<IpAddr> = Whereabouts::STICKY
-            .iter()
-            .map(|o| thereabouts_e2e::add_offset(thereabouts_e2e::range_network(v4_range).0, *o))
-            .collect();
-        assert!(
-            held[0].keys().all(|a| !foreign.contains(a)),
-            "the plugin handed out a held address"
-        );
+        let foreign: BTreeSet<IpAddr> =
+            Whereabouts::STICKY.iter().map(|o| thereabouts_e2e::add_offset(thereabouts_e2e::range_network(v4_range).0, *o)).collect();
+        assert!(held[0].keys().all(|a| !foreign.contains(a)), "the plugin handed out a held address");
         let started = Instant::now();
         let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), WATCHDOG, None);
         let del_wall = started.elapsed();
@@ -680,80 +475,35 @@ fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
     let stats = &writer.stats;
     eprintln!(
         "{}\n{}\nwhereabouts writer: {} adds, {} removes, {} conflicts retried, {} reservations found taken",
-        summary(
-            "ADD beside whereabouts",
-            &adds,
-            walls.0,
-            &net.log_stats("ADD", &adds),
-            "API"
-        ),
-        summary(
-            "DEL beside whereabouts",
-            &dels,
-            walls.1,
-            &net.log_stats("DEL", &dels),
-            "API"
-        ),
+        summary("ADD beside whereabouts", &adds, walls.0, &net.log_stats("ADD", &adds), "API"),
+        summary("DEL beside whereabouts", &dels, walls.1, &net.log_stats("DEL", &dels), "API"),
         stats.adds,
         stats.removes,
         stats.conflicts,
         stats.reservations_lost
     );
     expect_all_ok(&dels, "DEL beside a whereabouts writer");
-    assert!(
-        stats.violations.is_empty(),
-        "the other writer's entries changed: {:?}",
-        stats.violations
-    );
-    assert!(
-        stats.adds >= 2 && stats.adds + stats.removes + stats.conflicts >= 10,
-        "the other writer kept writing: {stats:?}"
-    );
+    assert!(stats.violations.is_empty(), "the other writer's entries changed: {:?}", stats.violations);
+    assert!(stats.adds >= 2 && stats.adds + stats.removes + stats.conflicts >= 10, "the other writer kept writing: {stats:?}");
 
     // Exactly the other writer's entries remain, as it wrote them.
     let entries = pool_entries(&objects, &v4_pool, v4_range).unwrap();
-    let remaining: BTreeMap<String, String> = entries
-        .values()
-        .map(|e| (e.key.clone(), e.id.clone()))
-        .collect();
-    let expected: BTreeMap<String, String> = writer
-        .held()
-        .into_iter()
-        .map(|(o, id)| (o.to_string(), id))
-        .collect();
+    let remaining: BTreeMap<String, String> = entries.values().map(|e| (e.key.clone(), e.id.clone())).collect();
+    let expected: BTreeMap<String, String> = writer.held().into_iter().map(|(o, id)| (o.to_string(), id)).collect();
     assert_eq!(remaining, expected, "IPPool {v4_pool} after the DELs");
     assert!(objects.allocations(&net.pools()[1].0).unwrap().is_empty());
     // Reservations: the other writer's (those it created), none of the plugin's pods.
     let reservations = reservations_in(&objects, &net.ranges).unwrap();
-    let plugin_left: Vec<_> = reservations
-        .iter()
-        .filter(|(_, spec)| {
-            spec["podref"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with("default/")
-        })
-        .collect();
-    assert!(
-        plugin_left.is_empty(),
-        "the plugin's reservations left: {plugin_left:?}"
-    );
+    let plugin_left: Vec<_> = reservations.iter().filter(|(_, spec)| spec["podref"].as_str().unwrap_or_default().starts_with("default/")).collect();
+    assert!(plugin_left.is_empty(), "the plugin's reservations left: {plugin_left:?}");
     for (offset, id) in &writer.sticky {
         let name = reservation_name(writer.address(*offset));
-        assert_eq!(
-            reservations.get(&name).map(|s| s["podref"].clone()),
-            Some(json!(format!("other/{id}"))),
-            "{name}"
-        );
+        assert_eq!(reservations.get(&name).map(|s| s["podref"].clone()), Some(json!(format!("other/{id}"))), "{name}");
     }
     for (offset, id, uid) in &writer.churn {
         if uid.is_some() {
             let name = reservation_name(writer.address(*offset));
-            assert_eq!(
-                reservations.get(&name).map(|s| s["podref"].clone()),
-                Some(json!(format!("other/{id}"))),
-                "{name}"
-            );
+            assert_eq!(reservations.get(&name).map(|s| s["podref"].clone()), Some(json!(format!("other/{id}"))), "{name}");
         }
     }
 }

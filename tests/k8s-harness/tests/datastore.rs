@@ -20,34 +20,21 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::burst::contains;
-use thereabouts_k8s_harness::plugin::{
-    IPPOOLS, Objects, RESERVATIONS, api_requests, kubeconfig_variant, kubernetes_conf,
-    with_debug_log,
-};
+use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS, api_requests, kubeconfig_variant, kubernetes_conf, with_debug_log};
 use thereabouts_k8s_harness::{Cluster, NAMESPACE};
 
 const GROUP: &str = "whereabouts.cni.cncf.io";
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
 
 /// A cluster with the CRDs and the RBAC of `deploy/`.
 fn prepared_cluster() -> Cluster {
     let cluster = Cluster::start().expect("starting etcd + kube-apiserver");
     block_on(async {
-        cluster
-            .install_crds()
-            .await
-            .expect("installing deploy/crds");
-        cluster
-            .install_rbac()
-            .await
-            .expect("installing deploy/rbac.yaml");
+        cluster.install_crds().await.expect("installing deploy/crds");
+        cluster.install_rbac().await.expect("installing deploy/rbac.yaml");
     });
     // The plugin reads pools as LISTs, which the apiserver serves from its watch
     // cache and answers 429 until that cache is ready: wait for it, so the exact
@@ -55,10 +42,7 @@ fn prepared_cluster() -> Cluster {
     let objects = Objects::admin(&cluster).unwrap();
     let ready = Instant::now() + Duration::from_secs(30);
     while objects.list(IPPOOLS).is_err() || objects.list(RESERVATIONS).is_err() {
-        assert!(
-            Instant::now() < ready,
-            "the apiserver never served IPPool lists"
-        );
+        assert!(Instant::now() < ready, "the apiserver never served IPPool lists");
         std::thread::sleep(Duration::from_millis(100));
     }
     cluster
@@ -99,12 +83,7 @@ fn run(call: &Call, stdin: &str, env: &[(&str, &str)]) -> Outcome {
         command.env(k, v);
     }
     let mut child = command.spawn().expect("spawning thereabouts");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     Outcome {
         call: call.clone(),
@@ -133,10 +112,7 @@ fn reservation(cid: &str, pod: &str, ifname: &str) -> Value {
 }
 
 fn resource_version(objects: &Objects, pool: &str) -> String {
-    objects.get(IPPOOLS, pool).unwrap().expect("pool exists")["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    objects.get(IPPOOLS, pool).unwrap().expect("pool exists")["metadata"]["resourceVersion"].as_str().unwrap().to_string()
 }
 
 fn truncate(path: &Path) {
@@ -159,11 +135,7 @@ fn shape(requests: &[String]) -> Vec<String> {
             };
             // A read by label is a LIST (a pool read by name is one too, but
             // it stands for one object: shown as GET).
-            let method = if method == "GET" && path.contains("labelSelector=") {
-                "LIST"
-            } else {
-                method
-            };
+            let method = if method == "GET" && path.contains("labelSelector=") { "LIST" } else { method };
             format!("{method} {kind} -> {answer}")
         })
         .collect()
@@ -175,32 +147,16 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     let objects = Objects::admin(&cluster).unwrap();
     let tmp = TempDir::new("k8s-dual");
     let log = tmp.path().join("plugin.log");
-    let conf = with_debug_log(
-        kubernetes_conf(
-            "k8s-dual",
-            &cluster.plugin_kubeconfig(),
-            None,
-            &["192.0.2.64/28", "2001:db8:61::/64"],
-        ),
-        &log,
-    );
+    let conf = with_debug_log(kubernetes_conf("k8s-dual", &cluster.plugin_kubeconfig(), None, &["192.0.2.64/28", "2001:db8:61::/64"]), &log);
     let cs = conf.to_string();
     let (v4, v6) = ("192.0.2.64-28", "2001-db8-61---64");
 
     // First ADD: the pools do not exist yet and are created with the entry.
     let a = add(&cs, "cid-a", "pod-a");
     a.expect_ok("ADD pod-a");
-    assert_eq!(
-        a.ips(),
-        ["192.0.2.65/28", "2001:db8:61::1/64"],
-        "{}",
-        a.describe()
-    );
+    assert_eq!(a.ips(), ["192.0.2.65/28", "2001:db8:61::1/64"], "{}", a.describe());
     let first = api_requests(&log);
-    eprintln!(
-        "API requests, ADD into absent pools:\n  {}",
-        first.join("\n  ")
-    );
+    eprintln!("API requests, ADD into absent pools:\n  {}", first.join("\n  "));
     assert_eq!(
         shape(&first),
         [
@@ -218,20 +174,11 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
         assert_eq!(pool["apiVersion"], "whereabouts.cni.cncf.io/v1alpha1");
         assert_eq!(pool["kind"], "IPPool");
         assert_eq!(pool["metadata"]["namespace"], NAMESPACE);
-        assert_eq!(
-            pool["spec"],
-            json!({"range": range, "allocations": {"1": entry("cid-a", "pod-a", "eth0")}})
-        );
+        assert_eq!(pool["spec"], json!({"range": range, "allocations": {"1": entry("cid-a", "pod-a", "eth0")}}));
     }
     let reservations = objects.reservations().unwrap();
-    assert_eq!(
-        reservations.get("192.0.2.65"),
-        Some(&reservation("cid-a", "pod-a", "eth0"))
-    );
-    assert_eq!(
-        reservations.get("2001-db8-61--1"),
-        Some(&reservation("cid-a", "pod-a", "eth0"))
-    );
+    assert_eq!(reservations.get("192.0.2.65"), Some(&reservation("cid-a", "pod-a", "eth0")));
+    assert_eq!(reservations.get("2001-db8-61--1"), Some(&reservation("cid-a", "pod-a", "eth0")));
 
     // Second pod: the pools exist; the uncontended cost is GET + reservation + PATCH per range.
     truncate(&log);
@@ -239,110 +186,49 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     b.expect_ok("ADD pod-b");
     assert_eq!(b.ips(), ["192.0.2.66/28", "2001:db8:61::2/64"]);
     let second = api_requests(&log);
-    eprintln!(
-        "API requests, uncontended dual-stack ADD:\n  {}",
-        second.join("\n  ")
-    );
+    eprintln!("API requests, uncontended dual-stack ADD:\n  {}", second.join("\n  "));
     assert_eq!(
         shape(&second),
-        [
-            "GET ippools -> ok",
-            "GET ippools -> ok",
-            "POST reservations -> ok",
-            "POST reservations -> ok",
-            "PATCH ippools -> ok",
-            "PATCH ippools -> ok"
-        ]
+        ["GET ippools -> ok", "GET ippools -> ok", "POST reservations -> ok", "POST reservations -> ok", "PATCH ippools -> ok", "PATCH ippools -> ok"]
     );
 
     // Idempotent ADD: same addresses, reads only, nothing written.
-    let rv = (
-        resource_version(&objects, v4),
-        resource_version(&objects, v6),
-    );
+    let rv = (resource_version(&objects, v4), resource_version(&objects, v6));
     truncate(&log);
     let again = add(&cs, "cid-a", "pod-a");
     again.expect_ok("repeated ADD pod-a");
     assert_eq!(again.ips(), a.ips());
-    assert_eq!(
-        shape(&api_requests(&log)),
-        ["GET ippools -> ok", "GET ippools -> ok"]
-    );
-    assert_eq!(
-        (
-            resource_version(&objects, v4),
-            resource_version(&objects, v6)
-        ),
-        rv
-    );
+    assert_eq!(shape(&api_requests(&log)), ["GET ippools -> ok", "GET ippools -> ok"]);
+    assert_eq!((resource_version(&objects, v4), resource_version(&objects, v6)), rv);
 
     // The pod's sandbox re-created (new container ID): same addresses, ID updated.
     let renewed = add(&cs, "cid-a2", "pod-a");
     renewed.expect_ok("ADD pod-a with a new container");
     assert_eq!(renewed.ips(), a.ips());
-    assert_eq!(
-        objects.allocations(v4).unwrap()["1"],
-        entry("cid-a2", "pod-a", "eth0")
-    );
+    assert_eq!(objects.allocations(v4).unwrap()["1"], entry("cid-a2", "pod-a", "eth0"));
 
     // CHECK and STATUS.
     let mut check = conf.clone();
     check["prevResult"] = json!({"cniVersion": "1.1.0", "ips": [{"address": "192.0.2.66/28"}, {"address": "2001:db8:61::2/64"}]});
-    run(
-        &Call::pod("CHECK", "cid-b", "pod-b"),
-        &check.to_string(),
-        &[],
-    )
-    .expect_ok("CHECK pod-b");
+    run(&Call::pod("CHECK", "cid-b", "pod-b"), &check.to_string(), &[]).expect_ok("CHECK pod-b");
     check["prevResult"]["ips"][0]["address"] = json!("192.0.2.73/28");
-    run(
-        &Call::pod("CHECK", "cid-b", "pod-b"),
-        &check.to_string(),
-        &[],
-    )
-    .expect_cni_error("CHECK with a wrong address");
+    run(&Call::pod("CHECK", "cid-b", "pod-b"), &check.to_string(), &[]).expect_cni_error("CHECK with a wrong address");
     run(&Call::global("STATUS"), &cs, &[]).expect_ok("STATUS");
 
     // `thereabouts pools` goes through the same datastore.
     let conf_file = tmp.path().join("net.conf");
     std::fs::write(&conf_file, &cs).unwrap();
-    let out = Command::new(thereabouts_bin())
-        .args([
-            "pools",
-            "--config",
-            conf_file.to_str().unwrap(),
-            "--output",
-            "json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pools: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(thereabouts_bin()).args(["pools", "--config", conf_file.to_str().unwrap(), "--output", "json"]).output().unwrap();
+    assert!(out.status.success(), "pools: {}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(
-        report["datastore"]
-            .as_str()
-            .unwrap()
-            .contains("kubernetes datastore: namespace kube-system"),
-        "{report}"
-    );
+    assert!(report["datastore"].as_str().unwrap().contains("kubernetes datastore: namespace kube-system"), "{report}");
     assert_eq!(report["ranges"][0]["allocated"], "2");
     assert_eq!(report["ranges"][1]["pool_name"], v6);
 
     // DEL of a container we never saw: success, nothing written.
     truncate(&log);
     del(&cs, "cid-unknown", "pod-x").expect_ok("DEL of an unknown container");
-    assert_eq!(
-        shape(&api_requests(&log)),
-        [
-            "LIST reservations -> ok",
-            "GET ippools -> ok",
-            "GET ippools -> ok"
-        ]
-    );
+    assert_eq!(shape(&api_requests(&log)), ["LIST reservations -> ok", "GET ippools -> ok", "GET ippools -> ok"]);
 
     // DEL pod-a: its entries and reservations go, pod-b's stay.
     truncate(&log);
@@ -367,17 +253,10 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     );
     for pool in [v4, v6] {
         let allocations = objects.allocations(pool).unwrap();
-        assert_eq!(
-            allocations.keys().collect::<Vec<_>>(),
-            ["2"],
-            "{pool}: {allocations:?}"
-        );
+        assert_eq!(allocations.keys().collect::<Vec<_>>(), ["2"], "{pool}: {allocations:?}");
     }
     let reservations = objects.reservations().unwrap();
-    assert!(
-        !reservations.contains_key("192.0.2.65") && !reservations.contains_key("2001-db8-61--1"),
-        "{reservations:?}"
-    );
+    assert!(!reservations.contains_key("192.0.2.65") && !reservations.contains_key("2001-db8-61--1"), "{reservations:?}");
     assert!(reservations.contains_key("192.0.2.66") && reservations.contains_key("2001-db8-61--2"));
     del(&cs, "cid-a2", "pod-a").expect_ok("repeated DEL pod-a");
 
@@ -389,9 +268,7 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     assert_eq!(objects.allocations(v4).unwrap().len(), 1);
 
     del(&cs, "cid-b", "pod-b").expect_ok("DEL pod-b");
-    assert!(
-        objects.allocations(v4).unwrap().is_empty() && objects.allocations(v6).unwrap().is_empty()
-    );
+    assert!(objects.allocations(v4).unwrap().is_empty() && objects.allocations(v6).unwrap().is_empty());
 
     // An ADD that reserved its addresses and then failed without cleaning up
     // (the apiserver went away, the process was killed) leaves reservations no
@@ -401,10 +278,7 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     add(&cs, "cid-ghost", "pod-ghost").expect_ok("ADD pod-ghost");
     for pool in [v4, v6] {
         let keys: Vec<String> = objects.allocations(pool).unwrap().into_keys().collect();
-        let ops: Vec<Value> = keys
-            .iter()
-            .map(|k| json!({"op": "remove", "path": format!("/spec/allocations/{k}")}))
-            .collect();
+        let ops: Vec<Value> = keys.iter().map(|k| json!({"op": "remove", "path": format!("/spec/allocations/{k}")})).collect();
         objects.json_patch(IPPOOLS, pool, &json!(ops)).unwrap().expect("emptying the pool");
     }
     let ghost = objects.get(RESERVATIONS, "192.0.2.65").unwrap().expect("pod-ghost's reservation");
@@ -426,19 +300,10 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
     del(&cs, "cid-ghost", "pod-ghost").expect_ok("DEL pod-ghost");
     assert_eq!(
         shape(&api_requests(&log)),
-        [
-            "LIST reservations -> ok",
-            "GET ippools -> ok",
-            "GET ippools -> ok",
-            "DELETE reservations -> ok",
-            "DELETE reservations -> ok"
-        ]
+        ["LIST reservations -> ok", "GET ippools -> ok", "GET ippools -> ok", "DELETE reservations -> ok", "DELETE reservations -> ok"]
     );
     let reservations = objects.reservations().unwrap();
-    assert!(
-        !reservations.contains_key("192.0.2.65") && !reservations.contains_key("2001-db8-61--1"),
-        "{reservations:?}"
-    );
+    assert!(!reservations.contains_key("192.0.2.65") && !reservations.contains_key("2001-db8-61--1"), "{reservations:?}");
     assert_eq!(reservations["192.0.2.78"]["containerid"], "cid-someone-else");
     objects.delete(RESERVATIONS, "192.0.2.78").unwrap();
 
@@ -446,9 +311,7 @@ fn dual_stack_add_del_check_status_with_the_plugin_identity() {
         .reservations()
         .unwrap()
         .into_keys()
-        .filter(|n| {
-            n.parse().is_ok_and(|ip| contains("192.0.2.64/28", ip)) || n.starts_with("2001-db8-61-")
-        })
+        .filter(|n| n.parse().is_ok_and(|ip| contains("192.0.2.64/28", ip)) || n.starts_with("2001-db8-61-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
@@ -484,40 +347,30 @@ spec:
       ifname: eth0
 "#;
 
-const GOLDEN_RESERVATIONS: [(&str, &str, &str); 3] = [
-    ("192.0.2.81", "default/golden-a", "net1"),
-    ("192.0.2.82", "default/golden-b", ""),
-    ("192.0.2.84", "other/golden-c", "eth0"),
-];
+const GOLDEN_RESERVATIONS: [(&str, &str, &str); 3] =
+    [("192.0.2.81", "default/golden-a", "net1"), ("192.0.2.82", "default/golden-b", ""), ("192.0.2.84", "other/golden-c", "eth0")];
 
 #[test]
 fn golden_whereabouts_pool_keeps_its_bytes_and_gets_whereabouts_entries() {
     let cluster = shared();
     let objects = Objects::admin(&cluster).unwrap();
-    objects
-        .create_yaml(IPPOOLS, GOLDEN_POOL)
-        .expect("creating the golden IPPool");
+    objects.create_yaml(IPPOOLS, GOLDEN_POOL).expect("creating the golden IPPool");
     for (name, pod, ifname) in GOLDEN_RESERVATIONS {
         let mut spec = json!({"podref": pod});
         if !ifname.is_empty() {
             spec["ifname"] = json!(ifname);
         }
         objects
-            .create(RESERVATIONS, &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "OverlappingRangeIPReservation", "metadata": {"name": name}, "spec": spec}))
+            .create(
+                RESERVATIONS,
+                &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "OverlappingRangeIPReservation", "metadata": {"name": name}, "spec": spec}),
+            )
             .unwrap();
     }
-    let before: Value =
-        serde_json::from_str(&objects.raw(IPPOOLS, "192.0.2.80-28").unwrap().unwrap()).unwrap();
-    let entry_text =
-        |pool: &Value, key: &str| serde_json::to_string(&pool["spec"]["allocations"][key]).unwrap();
+    let before: Value = serde_json::from_str(&objects.raw(IPPOOLS, "192.0.2.80-28").unwrap().unwrap()).unwrap();
+    let entry_text = |pool: &Value, key: &str| serde_json::to_string(&pool["spec"]["allocations"][key]).unwrap();
 
-    let conf = kubernetes_conf(
-        "k8s-golden",
-        &cluster.plugin_kubeconfig(),
-        None,
-        &["192.0.2.80/28"],
-    )
-    .to_string();
+    let conf = kubernetes_conf("k8s-golden", &cluster.plugin_kubeconfig(), None, &["192.0.2.80/28"]).to_string();
     // Lowest free around the existing entries: .3, then .5.
     let first = add(&conf, "cid-g1", "golden-new-1");
     first.expect_ok("ADD into the golden pool");
@@ -526,74 +379,40 @@ fn golden_whereabouts_pool_keeps_its_bytes_and_gets_whereabouts_entries() {
     second.expect_ok("second ADD into the golden pool");
     assert_eq!(second.ips(), ["192.0.2.85/28"]);
 
-    let after: Value =
-        serde_json::from_str(&objects.raw(IPPOOLS, "192.0.2.80-28").unwrap().unwrap()).unwrap();
+    let after: Value = serde_json::from_str(&objects.raw(IPPOOLS, "192.0.2.80-28").unwrap().unwrap()).unwrap();
     // Everything that was there is unchanged, byte for byte.
     for key in ["1", "2", "4"] {
-        assert_eq!(
-            entry_text(&after, key),
-            entry_text(&before, key),
-            "entry {key}"
-        );
+        assert_eq!(entry_text(&after, key), entry_text(&before, key), "entry {key}");
     }
     assert_eq!(after["metadata"]["labels"], before["metadata"]["labels"]);
-    assert_eq!(
-        after["metadata"]["annotations"],
-        before["metadata"]["annotations"]
-    );
+    assert_eq!(after["metadata"]["annotations"], before["metadata"]["annotations"]);
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
     assert_eq!(after["spec"]["range"], "192.0.2.80/28");
     // The new entries have exactly whereabouts' shape.
-    assert_eq!(
-        entry_text(&after, "3"),
-        r#"{"id":"cid-g1","ifname":"eth0","podref":"default/golden-new-1"}"#
-    );
-    assert_eq!(
-        after["spec"]["allocations"]["5"],
-        entry("cid-g2", "golden-new-2", "eth0")
-    );
+    assert_eq!(entry_text(&after, "3"), r#"{"id":"cid-g1","ifname":"eth0","podref":"default/golden-new-1"}"#);
+    assert_eq!(after["spec"]["allocations"]["5"], entry("cid-g2", "golden-new-2", "eth0"));
     assert_eq!(after["spec"]["allocations"].as_object().unwrap().len(), 5);
     let reservations = objects.reservations().unwrap();
-    assert_eq!(
-        reservations["192.0.2.83"],
-        reservation("cid-g1", "golden-new-1", "eth0")
-    );
-    assert_eq!(
-        reservations["192.0.2.82"],
-        json!({"podref": "default/golden-b"}),
-        "whereabouts' own reservations are untouched"
-    );
+    assert_eq!(reservations["192.0.2.83"], reservation("cid-g1", "golden-new-1", "eth0"));
+    assert_eq!(reservations["192.0.2.82"], json!({"podref": "default/golden-b"}), "whereabouts' own reservations are untouched");
 
     // Our DEL frees a whereabouts entry (by container ID + ifname) and its
     // reservation, and leaves the pre-v0.8.0 entry without ifname alone.
-    let mut call = Call::pod(
-        "DEL",
-        "1f7d3c0a9b8e4f2a6c5d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b",
-        "golden-a",
-    );
+    let mut call = Call::pod("DEL", "1f7d3c0a9b8e4f2a6c5d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b", "golden-a");
     call.ifname = "net1".into();
     run(&call, &conf, &[]).expect_ok("DEL of a whereabouts entry");
     let allocations = objects.allocations("192.0.2.80-28").unwrap();
     assert_eq!(allocations.keys().collect::<Vec<_>>(), ["2", "3", "4", "5"]);
     let reservations = objects.reservations().unwrap();
     assert!(!reservations.contains_key("192.0.2.81") && reservations.contains_key("192.0.2.82"));
-    let final_pool: Value =
-        serde_json::from_str(&objects.raw(IPPOOLS, "192.0.2.80-28").unwrap().unwrap()).unwrap();
+    let final_pool: Value = serde_json::from_str(&objects.raw(IPPOOLS, "192.0.2.80-28").unwrap().unwrap()).unwrap();
     for key in ["2", "4"] {
-        assert_eq!(
-            entry_text(&final_pool, key),
-            entry_text(&before, key),
-            "entry {key}"
-        );
+        assert_eq!(entry_text(&final_pool, key), entry_text(&before, key), "entry {key}");
     }
 }
 
 fn addresses(outcomes: &[Outcome]) -> Vec<String> {
-    outcomes
-        .iter()
-        .flat_map(|o| o.ips())
-        .map(|a| a.split('/').next().unwrap().to_string())
-        .collect()
+    outcomes.iter().flat_map(|o| o.ips()).map(|a| a.split('/').next().unwrap().to_string()).collect()
 }
 
 #[test]
@@ -616,43 +435,21 @@ fn overlapping_ranges_never_share_an_address() {
     let mut unique = all.clone();
     unique.sort();
     unique.dedup();
-    assert_eq!(
-        unique.len(),
-        all.len(),
-        "an address was handed out twice: {all:?}"
-    );
-    assert_eq!(
-        all[..4],
-        ["203.0.113.1", "203.0.113.2", "203.0.113.3", "203.0.113.4"],
-        "lowest free, around each other's reservations"
-    );
+    assert_eq!(unique.len(), all.len(), "an address was handed out twice: {all:?}");
+    assert_eq!(all[..4], ["203.0.113.1", "203.0.113.2", "203.0.113.3", "203.0.113.4"], "lowest free, around each other's reservations");
     // One reservation per address, held by the pod that got it.
     let reservations = objects.reservations().unwrap();
     for (o, address) in outcomes.iter().zip(&all) {
         let holder = o.call.cni_args.rsplit('=').next().unwrap();
-        assert_eq!(
-            reservations[address.as_str()]["podref"],
-            format!("default/{holder}"),
-            "{address}"
-        );
+        assert_eq!(reservations[address.as_str()]["podref"], format!("default/{holder}"), "{address}");
     }
     // The /28 runs out once the /24 and itself hold its 14 addresses.
     let mut narrow_pods = 6;
     loop {
-        let n = add(
-            &narrow,
-            &format!("cid-n{narrow_pods}"),
-            &format!("n{narrow_pods}"),
-        );
+        let n = add(&narrow, &format!("cid-n{narrow_pods}"), &format!("n{narrow_pods}"));
         if !n.ok() {
             let e = n.expect_cni_error("ADD from a full /28");
-            assert!(
-                e["msg"]
-                    .as_str()
-                    .unwrap()
-                    .contains("Could not allocate IP in range"),
-                "{e}"
-            );
+            assert!(e["msg"].as_str().unwrap().contains("Could not allocate IP in range"), "{e}");
             break;
         }
         outcomes.push(n);
@@ -660,48 +457,21 @@ fn overlapping_ranges_never_share_an_address() {
         assert!(narrow_pods < 20, "the /28 never ran out");
     }
     let all = addresses(&outcomes);
-    let in_narrow = all
-        .iter()
-        .filter(|a| {
-            a.strip_prefix("203.0.113.")
-                .and_then(|x| x.parse::<u8>().ok())
-                .is_some_and(|x| (1..=14).contains(&x))
-        })
-        .count();
-    assert_eq!(
-        in_narrow, 14,
-        "every address of the /28 handed out once: {all:?}"
-    );
+    let in_narrow = all.iter().filter(|a| a.strip_prefix("203.0.113.").and_then(|x| x.parse::<u8>().ok()).is_some_and(|x| (1..=14).contains(&x))).count();
+    assert_eq!(in_narrow, 14, "every address of the /28 handed out once: {all:?}");
     let mut unique = all.clone();
     unique.sort();
     unique.dedup();
-    assert_eq!(
-        unique.len(),
-        all.len(),
-        "an address was handed out twice: {all:?}"
-    );
+    assert_eq!(unique.len(), all.len(), "an address was handed out twice: {all:?}");
 
     // Everything released: no entries, no reservations of these ranges.
     for o in &outcomes {
-        let conf = if o.call.cni_args.contains("=w") {
-            &wide
-        } else {
-            &narrow
-        };
+        let conf = if o.call.cni_args.contains("=w") { &wide } else { &narrow };
         let pod = o.call.cni_args.rsplit('=').next().unwrap();
         del(conf, &o.call.container_id, pod).expect_ok("DEL");
     }
-    assert!(
-        objects.allocations("203.0.113.0-24").unwrap().is_empty()
-            && objects.allocations("203.0.113.0-28").unwrap().is_empty()
-    );
-    assert!(
-        objects
-            .reservations()
-            .unwrap()
-            .keys()
-            .all(|n| !n.starts_with("203.0.113."))
-    );
+    assert!(objects.allocations("203.0.113.0-24").unwrap().is_empty() && objects.allocations("203.0.113.0-28").unwrap().is_empty());
+    assert!(objects.reservations().unwrap().keys().all(|n| !n.starts_with("203.0.113.")));
 
     // Without enable_overlapping_ranges nothing is reserved: both ranges hand out .1.
     let mut off_wide = kubernetes_conf("k8s-ovl-off", &kc, None, &["198.51.100.0/24"]);
@@ -712,42 +482,20 @@ fn overlapping_ranges_never_share_an_address() {
     let log = tmp.path().join("plugin.log");
     let off_wide = with_debug_log(off_wide, &log).to_string();
     assert_eq!(add(&off_wide, "cid-ow", "ow").ips(), ["198.51.100.1/24"]);
-    assert_eq!(
-        shape(&api_requests(&log)),
-        ["GET ippools -> ok", "POST ippools -> ok"]
-    );
+    assert_eq!(shape(&api_requests(&log)), ["GET ippools -> ok", "POST ippools -> ok"]);
     truncate(&log);
     assert_eq!(add(&off_wide, "cid-ow2", "ow2").ips(), ["198.51.100.2/24"]);
-    assert_eq!(
-        shape(&api_requests(&log)),
-        ["GET ippools -> ok", "PATCH ippools -> ok"],
-        "uncontended ADD without reservations: two requests"
-    );
-    assert_eq!(
-        add(&off_narrow.to_string(), "cid-on", "on").ips(),
-        ["198.51.100.1/28"]
-    );
-    assert!(
-        objects
-            .reservations()
-            .unwrap()
-            .keys()
-            .all(|n| !n.starts_with("198.51.100."))
-    );
+    assert_eq!(shape(&api_requests(&log)), ["GET ippools -> ok", "PATCH ippools -> ok"], "uncontended ADD without reservations: two requests");
+    assert_eq!(add(&off_narrow.to_string(), "cid-on", "on").ips(), ["198.51.100.1/28"]);
+    assert!(objects.reservations().unwrap().keys().all(|n| !n.starts_with("198.51.100.")));
 
     // network_name scopes pools and reservations: the same range twice.
     let blue = kubernetes_conf("k8s-blue", &kc, Some("blue"), &["192.0.2.96/28"]).to_string();
     let red = kubernetes_conf("k8s-red", &kc, Some("red"), &["192.0.2.96/28"]).to_string();
     assert_eq!(add(&blue, "cid-blue", "blue").ips(), ["192.0.2.97/28"]);
     assert_eq!(add(&red, "cid-red", "red").ips(), ["192.0.2.97/28"]);
-    assert_eq!(
-        objects.allocations("blue-192.0.2.96-28").unwrap()["1"],
-        entry("cid-blue", "blue", "eth0")
-    );
-    assert_eq!(
-        objects.allocations("red-192.0.2.96-28").unwrap()["1"],
-        entry("cid-red", "red", "eth0")
-    );
+    assert_eq!(objects.allocations("blue-192.0.2.96-28").unwrap()["1"], entry("cid-blue", "blue", "eth0"));
+    assert_eq!(objects.allocations("red-192.0.2.96-28").unwrap()["1"], entry("cid-red", "red", "eth0"));
     let reservations = objects.reservations().unwrap();
     assert_eq!(reservations["blue-192.0.2.97"]["podref"], "default/blue");
     assert_eq!(reservations["red-192.0.2.97"]["podref"], "default/red");
@@ -766,19 +514,9 @@ fn the_old_containers_del_keeps_the_reservation_its_pod_still_uses() {
     assert_eq!(add(&wide, "cid-r1", "renewed").ips(), ["192.0.2.241/28"]);
     assert_eq!(add(&wide, "cid-r2", "renewed").ips(), ["192.0.2.241/28"]);
     del(&wide, "cid-r1", "renewed").expect_ok("DEL of the old container");
-    assert_eq!(
-        objects.allocations("192.0.2.240-28").unwrap()["1"],
-        entry("cid-r2", "renewed", "eth0")
-    );
-    assert_eq!(
-        objects.reservations().unwrap()["192.0.2.241"]["podref"],
-        "default/renewed"
-    );
-    assert_eq!(
-        add(&narrow, "cid-o", "other").ips(),
-        ["192.0.2.242/29"],
-        "an overlapping range plans around the address"
-    );
+    assert_eq!(objects.allocations("192.0.2.240-28").unwrap()["1"], entry("cid-r2", "renewed", "eth0"));
+    assert_eq!(objects.reservations().unwrap()["192.0.2.241"]["podref"], "default/renewed");
+    assert_eq!(add(&narrow, "cid-o", "other").ips(), ["192.0.2.242/29"], "an overlapping range plans around the address");
     del(&wide, "cid-r2", "renewed").expect_ok("DEL of the new container");
     del(&narrow, "cid-o", "other").expect_ok("DEL other");
     assert!(!objects.reservations().unwrap().contains_key("192.0.2.241"));
@@ -790,10 +528,7 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
     let ns = "thab-rollback";
     let objects = Objects::admin_in(&cluster, ns).unwrap();
     objects.ensure_namespace(ns).unwrap();
-    for (name, range) in [
-        ("192.0.2.112-28", "192.0.2.112/28"),
-        ("192.0.2.128-28", "192.0.2.128/28"),
-    ] {
+    for (name, range) in [("192.0.2.112-28", "192.0.2.112/28"), ("192.0.2.128-28", "192.0.2.128/28")] {
         objects
             .create(IPPOOLS, &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool", "metadata": {"name": name}, "spec": {"range": range, "allocations": {}}}))
             .unwrap();
@@ -811,40 +546,20 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
              subjects: [{{kind: ServiceAccount, name: thereabouts, namespace: kube-system}}]\n"
         ))
         .unwrap();
-    block_on(cluster.wait_plugin_allowed("delete", GROUP, "overlappingrangeipreservations", ns))
-        .unwrap();
+    block_on(cluster.wait_plugin_allowed("delete", GROUP, "overlappingrangeipreservations", ns)).unwrap();
     let tmp = TempDir::new("k8s-rollback");
     let kubeconfig = tmp.path().join("rollback.kubeconfig");
-    kubeconfig_variant(&cluster.plugin_kubeconfig(), &kubeconfig, |kc| {
-        kc["contexts"][0]["context"]["namespace"] = json!(ns)
-    })
-    .unwrap();
+    kubeconfig_variant(&cluster.plugin_kubeconfig(), &kubeconfig, |kc| kc["contexts"][0]["context"]["namespace"] = json!(ns)).unwrap();
     let log = tmp.path().join("plugin.log");
-    let conf = with_debug_log(
-        kubernetes_conf(
-            "k8s-rollback",
-            &kubeconfig,
-            None,
-            &["192.0.2.112/28", "192.0.2.128/28"],
-        ),
-        &log,
-    )
-    .to_string();
+    let conf = with_debug_log(kubernetes_conf("k8s-rollback", &kubeconfig, None, &["192.0.2.112/28", "192.0.2.128/28"]), &log).to_string();
 
     let failed = add(&conf, "cid-r", "pod-r");
     let e = failed.expect_cni_error("ADD whose second range cannot be written");
     let msg = e["msg"].as_str().unwrap();
     assert_eq!(e["code"], 999, "{e}");
-    assert!(
-        msg.contains("denied patching IPPool thab-rollback/192.0.2.128-28")
-            && msg.contains("cannot patch resource \"ippools\""),
-        "{msg}"
-    );
+    assert!(msg.contains("denied patching IPPool thab-rollback/192.0.2.128-28") && msg.contains("cannot patch resource \"ippools\""), "{msg}");
     let requests = shape(&api_requests(&log));
-    eprintln!(
-        "API requests, rolled-back ADD:\n  {}",
-        requests.join("\n  ")
-    );
+    eprintln!("API requests, rolled-back ADD:\n  {}", requests.join("\n  "));
     assert_eq!(
         requests,
         [
@@ -869,28 +584,12 @@ fn a_failing_later_range_rolls_back_the_earlier_ones() {
     let small = kubernetes_conf("k8s-small", &kc, None, &["192.0.2.160/30"]).to_string();
     add(&small, "cid-s1", "s1").expect_ok("ADD s1");
     add(&small, "cid-s2", "s2").expect_ok("ADD s2");
-    let both =
-        kubernetes_conf("k8s-both", &kc, None, &["192.0.2.144/28", "192.0.2.160/30"]).to_string();
+    let both = kubernetes_conf("k8s-both", &kc, None, &["192.0.2.144/28", "192.0.2.160/30"]).to_string();
     let e = add(&both, "cid-s3", "s3").expect_cni_error("ADD with the second range full");
-    assert!(
-        e["msg"]
-            .as_str()
-            .unwrap()
-            .contains("Could not allocate IP in range"),
-        "{e}"
-    );
+    assert!(e["msg"].as_str().unwrap().contains("Could not allocate IP in range"), "{e}");
     let kube_system = Objects::admin(&cluster).unwrap();
-    assert_eq!(
-        kube_system.get(IPPOOLS, "192.0.2.144-28").unwrap(),
-        None,
-        "the first range's pool was not even created"
-    );
-    assert!(
-        !kube_system
-            .reservations()
-            .unwrap()
-            .contains_key("192.0.2.145")
-    );
+    assert_eq!(kube_system.get(IPPOOLS, "192.0.2.144-28").unwrap(), None, "the first range's pool was not even created");
+    assert!(!kube_system.reservations().unwrap().contains_key("192.0.2.145"));
 }
 
 /// Concurrent ADD processes on one dual-stack config, while another writer keeps
@@ -905,16 +604,7 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
     let objects = Objects::admin(&cluster).unwrap();
     let tmp = TempDir::new("k8s-burst");
     let log = tmp.path().join("plugin.log");
-    let conf = with_debug_log(
-        kubernetes_conf(
-            "k8s-burst",
-            &cluster.plugin_kubeconfig(),
-            None,
-            &["192.0.2.32/27", "2001:db8:74::/64"],
-        ),
-        &log,
-    )
-    .to_string();
+    let conf = with_debug_log(kubernetes_conf("k8s-burst", &cluster.plugin_kubeconfig(), None, &["192.0.2.32/27", "2001:db8:74::/64"]), &log).to_string();
     add(&conf, "cid-first", "first").expect_ok("first ADD (creates the pools)");
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -924,14 +614,7 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
         std::thread::spawn(move || {
             let mut writes = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                objects
-                    .annotate(
-                        IPPOOLS,
-                        "192.0.2.32-27",
-                        "example.com/touched",
-                        &writes.to_string(),
-                    )
-                    .unwrap();
+                objects.annotate(IPPOOLS, "192.0.2.32-27", "example.com/touched", &writes.to_string()).unwrap();
                 writes += 1;
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -957,47 +640,20 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
     let mut unique = all.clone();
     unique.sort();
     unique.dedup();
-    assert_eq!(
-        unique.len(),
-        2 * PODS,
-        "an address was handed out twice: {all:?}"
-    );
-    let conflicts = std::fs::read_to_string(&log)
-        .unwrap()
-        .matches("changed concurrently; planning again")
-        .count();
+    assert_eq!(unique.len(), 2 * PODS, "an address was handed out twice: {all:?}");
+    let conflicts = std::fs::read_to_string(&log).unwrap().matches("changed concurrently; planning again").count();
     let slowest = outcomes.iter().map(|o| o.elapsed).max().unwrap();
-    eprintln!(
-        "{PODS} concurrent dual-stack ADDs in {:?} (slowest {slowest:?}), {writes} interfering writes: {conflicts} conflicts retried",
-        started.elapsed()
-    );
+    eprintln!("{PODS} concurrent dual-stack ADDs in {:?} (slowest {slowest:?}), {writes} interfering writes: {conflicts} conflicts retried", started.elapsed());
     assert!(conflicts > 0, "the test should provoke conflicts");
     // Per-entry guards: the annotation writes move the resourceVersion, which no
     // patch tests, and the reservations keep the racing pods off each other's
     // offsets, so no pool patch is refused.
-    let refused: Vec<String> = api_requests(&log)
-        .into_iter()
-        .filter(|r| r.starts_with("PATCH") && r.contains("/ippools/") && r.contains("-> 422"))
-        .collect();
+    let refused: Vec<String> = api_requests(&log).into_iter().filter(|r| r.starts_with("PATCH") && r.contains("/ippools/") && r.contains("-> 422")).collect();
     assert!(refused.is_empty(), "pool patches refused: {refused:?}");
+    assert_eq!(objects.allocations("192.0.2.32-27").unwrap().len(), PODS + 1);
+    assert_eq!(objects.allocations("2001-db8-74---64").unwrap().len(), PODS + 1);
     assert_eq!(
-        objects.allocations("192.0.2.32-27").unwrap().len(),
-        PODS + 1
-    );
-    assert_eq!(
-        objects.allocations("2001-db8-74---64").unwrap().len(),
-        PODS + 1
-    );
-    assert_eq!(
-        objects
-            .reservations()
-            .unwrap()
-            .keys()
-            .filter(|n| {
-                n.parse().is_ok_and(|ip| contains("192.0.2.32/27", ip))
-                    || n.starts_with("2001-db8-74-")
-            })
-            .count(),
+        objects.reservations().unwrap().keys().filter(|n| { n.parse().is_ok_and(|ip| contains("192.0.2.32/27", ip)) || n.starts_with("2001-db8-74-") }).count(),
         2 * (PODS + 1)
     );
     assert_eq!(
@@ -1015,17 +671,12 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
         }
     });
     del(&conf, "cid-first", "first").expect_ok("DEL first");
-    assert!(
-        objects.allocations("192.0.2.32-27").unwrap().is_empty()
-            && objects.allocations("2001-db8-74---64").unwrap().is_empty()
-    );
+    assert!(objects.allocations("192.0.2.32-27").unwrap().is_empty() && objects.allocations("2001-db8-74---64").unwrap().is_empty());
     let left: Vec<(String, Value)> = objects
         .reservations()
         .unwrap()
         .into_iter()
-        .filter(|(n, _)| {
-            n.parse().is_ok_and(|ip| contains("192.0.2.32/27", ip)) || n.starts_with("2001-db8-74-")
-        })
+        .filter(|(n, _)| n.parse().is_ok_and(|ip| contains("192.0.2.32/27", ip)) || n.starts_with("2001-db8-74-"))
         .collect();
     assert!(left.is_empty(), "reservations left behind: {left:?}");
 }
@@ -1043,8 +694,11 @@ fn per_entry_guards_are_atomic_on_the_apiserver() {
     let objects = Objects::admin(&cluster).unwrap();
     let pool = "192.0.2.176-28";
     objects
-        .create(IPPOOLS, &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool", "metadata": {"name": pool},
-            "spec": {"range": "192.0.2.176/28", "allocations": {"1": entry("cid-1", "p1", "eth0")}}}))
+        .create(
+            IPPOOLS,
+            &json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool", "metadata": {"name": pool},
+            "spec": {"range": "192.0.2.176/28", "allocations": {"1": entry("cid-1", "p1", "eth0")}}}),
+        )
         .unwrap();
     let read = resource_version(&objects, pool);
     let insert = |offset: u32, cid: &str| {
@@ -1062,41 +716,17 @@ fn per_entry_guards_are_atomic_on_the_apiserver() {
     };
 
     // Someone (whereabouts, on the version it read) takes offset 5 after our read.
-    objects
-        .json_patch(IPPOOLS, pool, &whereabouts_insert(&read, 5, "cid-wb"))
-        .unwrap()
-        .expect("whereabouts' patch on a fresh read");
+    objects.json_patch(IPPOOLS, pool, &whereabouts_insert(&read, 5, "cid-wb")).unwrap().expect("whereabouts' patch on a fresh read");
     // Our insert planned on the old read for the same offset: refused, entry intact.
-    assert_eq!(
-        objects
-            .json_patch(IPPOOLS, pool, &insert(5, "cid-late"))
-            .unwrap()
-            .err(),
-        Some(422)
-    );
-    assert_eq!(
-        objects.allocations(pool).unwrap()["5"],
-        entry("cid-wb", "cid-wb", "eth0")
-    );
+    assert_eq!(objects.json_patch(IPPOOLS, pool, &insert(5, "cid-late")).unwrap().err(), Some(422));
+    assert_eq!(objects.allocations(pool).unwrap()["5"], entry("cid-wb", "cid-wb", "eth0"));
     // An insert of another offset applies although the pool moved since our read.
-    let after = objects
-        .json_patch(IPPOOLS, pool, &insert(6, "cid-6"))
-        .unwrap()
-        .expect("an insert of a free offset on a stale read");
-    assert_eq!(
-        after["spec"]["allocations"]["6"],
-        entry("cid-6", "cid-6", "eth0")
-    );
+    let after = objects.json_patch(IPPOOLS, pool, &insert(6, "cid-6")).unwrap().expect("an insert of a free offset on a stale read");
+    assert_eq!(after["spec"]["allocations"]["6"], entry("cid-6", "cid-6", "eth0"));
     assert_ne!(resource_version(&objects, pool), read);
     // whereabouts planning on its stale read is refused after our write, whatever
     // offset it wants: it reads again and never overwrites our entries.
-    assert_eq!(
-        objects
-            .json_patch(IPPOOLS, pool, &whereabouts_insert(&read, 7, "cid-wb7"))
-            .unwrap()
-            .err(),
-        Some(422)
-    );
+    assert_eq!(objects.json_patch(IPPOOLS, pool, &whereabouts_insert(&read, 7, "cid-wb7")).unwrap().err(), Some(422));
     assert!(!objects.allocations(pool).unwrap().contains_key("7"));
 
     // A removal tests the id it read: someone else's entry at that offset stays.
@@ -1106,25 +736,9 @@ fn per_entry_guards_are_atomic_on_the_apiserver() {
             {"op": "remove", "path": format!("/spec/allocations/{offset}")}
         ])
     };
-    assert_eq!(
-        objects
-            .json_patch(IPPOOLS, pool, &remove(5, "cid-late"))
-            .unwrap()
-            .err(),
-        Some(422)
-    );
-    assert_eq!(
-        objects
-            .json_patch(IPPOOLS, pool, &remove(9, "cid-9"))
-            .unwrap()
-            .err(),
-        Some(422),
-        "an entry that is gone"
-    );
-    objects
-        .json_patch(IPPOOLS, pool, &remove(6, "cid-6"))
-        .unwrap()
-        .expect("removing our own entry");
+    assert_eq!(objects.json_patch(IPPOOLS, pool, &remove(5, "cid-late")).unwrap().err(), Some(422));
+    assert_eq!(objects.json_patch(IPPOOLS, pool, &remove(9, "cid-9")).unwrap().err(), Some(422), "an entry that is gone");
+    objects.json_patch(IPPOOLS, pool, &remove(6, "cid-6")).unwrap().expect("removing our own entry");
     // One refused test refuses the whole patch: nothing of it is applied.
     let mixed = json!([
         {"op": "test", "path": "/spec/allocations/8", "value": null},
@@ -1132,16 +746,9 @@ fn per_entry_guards_are_atomic_on_the_apiserver() {
         {"op": "test", "path": "/spec/allocations/5", "value": null},
         {"op": "add", "path": "/spec/allocations/5", "value": entry("cid-x", "cid-x", "eth0")}
     ]);
-    assert_eq!(
-        objects.json_patch(IPPOOLS, pool, &mixed).unwrap().err(),
-        Some(422)
-    );
+    assert_eq!(objects.json_patch(IPPOOLS, pool, &mixed).unwrap().err(), Some(422));
     let allocations = objects.allocations(pool).unwrap();
-    assert_eq!(
-        allocations.keys().collect::<Vec<_>>(),
-        ["1", "5"],
-        "{allocations:?}"
-    );
+    assert_eq!(allocations.keys().collect::<Vec<_>>(), ["1", "5"], "{allocations:?}");
     objects.delete(IPPOOLS, pool).unwrap();
 }
 
@@ -1159,12 +766,7 @@ fn racing_writers_without_reservations_never_share_an_address() {
     let objects = Objects::admin(&cluster).unwrap();
     let tmp = TempDir::new("k8s-race");
     let log = tmp.path().join("plugin.log");
-    let mut conf = kubernetes_conf(
-        "k8s-race",
-        &cluster.plugin_kubeconfig(),
-        None,
-        &["192.0.2.0/27", "2001:db8:79::/64"],
-    );
+    let mut conf = kubernetes_conf("k8s-race", &cluster.plugin_kubeconfig(), None, &["192.0.2.0/27", "2001:db8:79::/64"]);
     conf["ipam"]["enable_overlapping_ranges"] = json!(false);
     let conf = with_debug_log(conf, &log).to_string();
     let (v4, v6) = ("192.0.2.0-27", "2001-db8-79---64");
@@ -1179,14 +781,8 @@ fn racing_writers_without_reservations_never_share_an_address() {
             let mut refused = 0;
             while taken.len() < WHEREABOUTS {
                 let pool = objects.get(IPPOOLS, v4).unwrap().unwrap();
-                let version = pool["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap()
-                    .to_string();
-                let used: Vec<u32> = pool["spec"]["allocations"]
-                    .as_object()
-                    .map(|m| m.keys().filter_map(|k| k.parse().ok()).collect())
-                    .unwrap_or_default();
+                let version = pool["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+                let used: Vec<u32> = pool["spec"]["allocations"].as_object().map(|m| m.keys().filter_map(|k| k.parse().ok()).collect()).unwrap_or_default();
                 let offset = (1..255).find(|o| !used.contains(o)).unwrap();
                 let cid = format!("cid-wb-{}", taken.len());
                 let ops = json!([
@@ -1217,26 +813,15 @@ fn racing_writers_without_reservations_never_share_an_address() {
         o.expect_ok("racing ADD");
     }
     let log_text = std::fs::read_to_string(&log).unwrap();
-    let refused = api_requests(&log)
-        .iter()
-        .filter(|r| r.starts_with("PATCH") && r.contains("-> 422"))
-        .count();
+    let refused = api_requests(&log).iter().filter(|r| r.starts_with("PATCH") && r.contains("-> 422")).count();
     eprintln!(
         "{PODS} racing dual-stack ADDs without reservations + {WHEREABOUTS} whereabouts-style inserts: {refused} plugin patches refused by an entry guard, {} conflicts retried; whereabouts refused {whereabouts_refused} times",
-        log_text
-            .matches("changed concurrently; planning again")
-            .count()
+        log_text.matches("changed concurrently; planning again").count()
     );
-    assert!(
-        refused > 0,
-        "the ADDs should have raced for the same offsets"
-    );
+    assert!(refused > 0, "the ADDs should have raced for the same offsets");
 
     // Every address handed out is stored once, under the container it was given to.
-    let pools = [
-        objects.allocations(v4).unwrap(),
-        objects.allocations(v6).unwrap(),
-    ];
+    let pools = [objects.allocations(v4).unwrap(), objects.allocations(v6).unwrap()];
     for o in &outcomes {
         for (i, address) in o.ips().iter().enumerate() {
             let ip: std::net::IpAddr = address.split('/').next().unwrap().parse().unwrap();
@@ -1244,21 +829,11 @@ fn racing_writers_without_reservations_never_share_an_address() {
                 std::net::IpAddr::V4(a) => u128::from(u32::from(a) & 0xff),
                 std::net::IpAddr::V6(a) => u128::from(a) & 0xffff_ffff_ffff_ffff,
             };
-            assert_eq!(
-                pools[i][&offset.to_string()]["id"],
-                o.call.container_id,
-                "{address} of {}: {:?}",
-                o.call.container_id,
-                pools[i]
-            );
+            assert_eq!(pools[i][&offset.to_string()]["id"], o.call.container_id, "{address} of {}: {:?}", o.call.container_id, pools[i]);
         }
     }
     for (offset, cid) in &whereabouts_taken {
-        assert_eq!(
-            pools[0][&offset.to_string()]["id"],
-            *cid,
-            "whereabouts' entry at {offset}"
-        );
+        assert_eq!(pools[0][&offset.to_string()]["id"], *cid, "whereabouts' entry at {offset}");
     }
     assert_eq!(pools[0].len(), 1 + PODS + WHEREABOUTS, "{:?}", pools[0]);
     assert_eq!(pools[1].len(), 1 + PODS, "{:?}", pools[1]);
@@ -1266,11 +841,7 @@ fn racing_writers_without_reservations_never_share_an_address() {
     let mut unique = all.clone();
     unique.sort();
     unique.dedup();
-    assert_eq!(
-        unique.len(),
-        all.len(),
-        "an address was handed out twice: {all:?}"
-    );
+    assert_eq!(unique.len(), all.len(), "an address was handed out twice: {all:?}");
 
     std::thread::scope(|scope| {
         for i in 0..PODS {
@@ -1282,11 +853,7 @@ fn racing_writers_without_reservations_never_share_an_address() {
     });
     del(&conf, "cid-first", "first").expect_ok("DEL first");
     let left = objects.allocations(v4).unwrap();
-    assert_eq!(
-        left.len(),
-        WHEREABOUTS,
-        "only whereabouts' entries remain: {left:?}"
-    );
+    assert_eq!(left.len(), WHEREABOUTS, "only whereabouts' entries remain: {left:?}");
     assert!(objects.allocations(v6).unwrap().is_empty());
     objects.delete(IPPOOLS, v4).unwrap();
     objects.delete(IPPOOLS, v6).unwrap();
@@ -1302,75 +869,39 @@ fn bad_kubeconfigs_and_missing_rights_are_clear_errors_that_write_nothing() {
     let conf = kubernetes_conf("k8s-bad", &missing, None, &ranges).to_string();
     let e = add(&conf, "cid-1", "p1").expect_cni_error("ADD with a missing kubeconfig");
     assert_eq!(e["code"], 7, "{e}");
-    assert!(
-        e["msg"]
-            .as_str()
-            .unwrap()
-            .contains(missing.to_str().unwrap()),
-        "{e}"
-    );
-    assert_eq!(
-        del(&conf, "cid-1", "p1").expect_cni_error("DEL with a missing kubeconfig")["code"],
-        7
-    );
+    assert!(e["msg"].as_str().unwrap().contains(missing.to_str().unwrap()), "{e}");
+    assert_eq!(del(&conf, "cid-1", "p1").expect_cni_error("DEL with a missing kubeconfig")["code"], 7);
 
     let garbage = tmp.path().join("garbage.kubeconfig");
     std::fs::write(&garbage, "clusters: [oops").unwrap();
-    let e = add(
-        &kubernetes_conf("k8s-bad", &garbage, None, &ranges).to_string(),
-        "cid-1",
-        "p1",
-    )
-    .expect_cni_error("ADD with an unparsable kubeconfig");
+    let e = add(&kubernetes_conf("k8s-bad", &garbage, None, &ranges).to_string(), "cid-1", "p1").expect_cni_error("ADD with an unparsable kubeconfig");
     assert_eq!(e["code"], 7, "{e}");
 
     // A token the apiserver does not know: 401, named.
     let wrong_token = tmp.path().join("wrong-token.kubeconfig");
-    kubeconfig_variant(&cluster.plugin_kubeconfig(), &wrong_token, |kc| {
-        kc["users"][0]["user"]["token"] = json!("not-a-valid-token")
-    })
-    .unwrap();
+    kubeconfig_variant(&cluster.plugin_kubeconfig(), &wrong_token, |kc| kc["users"][0]["user"]["token"] = json!("not-a-valid-token")).unwrap();
     let conf = kubernetes_conf("k8s-bad", &wrong_token, None, &ranges).to_string();
     let e = add(&conf, "cid-1", "p1").expect_cni_error("ADD with a wrong token");
     let msg = e["msg"].as_str().unwrap();
     assert_eq!(e["code"], 999, "{e}");
-    assert!(
-        msg.contains(&cluster.server_url()) && msg.contains("401"),
-        "{msg}"
-    );
+    assert!(msg.contains(&cluster.server_url()) && msg.contains("401"), "{msg}");
 
     // The plugin identity in a namespace its Role does not cover: 403, naming it.
     let elsewhere = tmp.path().join("default-ns.kubeconfig");
-    kubeconfig_variant(&cluster.plugin_kubeconfig(), &elsewhere, |kc| {
-        kc["contexts"][0]["context"]["namespace"] = json!("default")
-    })
-    .unwrap();
+    kubeconfig_variant(&cluster.plugin_kubeconfig(), &elsewhere, |kc| kc["contexts"][0]["context"]["namespace"] = json!("default")).unwrap();
     let conf = kubernetes_conf("k8s-bad", &elsewhere, None, &ranges).to_string();
     let e = add(&conf, "cid-1", "p1").expect_cni_error("ADD in a forbidden namespace");
     let msg = e["msg"].as_str().unwrap();
     assert_eq!(e["code"], 999, "{e}");
-    assert!(
-        msg.contains("forbidden")
-            && msg.contains("cannot list resource \"ippools\"")
-            && msg.contains("namespace \"default\""),
-        "{msg}"
-    );
-    let e = run(&Call::global("STATUS"), &conf, &[])
-        .expect_cni_error("STATUS in a forbidden namespace");
+    assert!(msg.contains("forbidden") && msg.contains("cannot list resource \"ippools\"") && msg.contains("namespace \"default\""), "{msg}");
+    let e = run(&Call::global("STATUS"), &conf, &[]).expect_cni_error("STATUS in a forbidden namespace");
     assert_eq!(e["code"], 50, "{e}");
 
     // Nothing was written anywhere.
     for ns in [NAMESPACE, "default"] {
         let objects = Objects::admin_in(&cluster, ns).unwrap();
-        assert_eq!(
-            objects.get(IPPOOLS, "192.0.2.192-28").unwrap(),
-            None,
-            "{ns}"
-        );
-        assert!(
-            !objects.reservations().unwrap().contains_key("192.0.2.193"),
-            "{ns}"
-        );
+        assert_eq!(objects.get(IPPOOLS, "192.0.2.192-28").unwrap(), None, "{ns}");
+        assert!(!objects.reservations().unwrap().contains_key("192.0.2.193"), "{ns}");
     }
 }
 
@@ -1378,13 +909,7 @@ fn bad_kubeconfigs_and_missing_rights_are_clear_errors_that_write_nothing() {
 fn apiserver_down_is_try_again_later_within_the_deadline() {
     let cluster = prepared_cluster();
     let objects = Objects::admin(&cluster).unwrap();
-    let conf = kubernetes_conf(
-        "k8s-down",
-        &cluster.plugin_kubeconfig(),
-        None,
-        &["192.0.2.208/28", "2001:db8:72::/64"],
-    )
-    .to_string();
+    let conf = kubernetes_conf("k8s-down", &cluster.plugin_kubeconfig(), None, &["192.0.2.208/28", "2001:db8:72::/64"]).to_string();
     add(&conf, "cid-1", "p1").expect_ok("ADD before the outage");
 
     cluster.stop_apiserver();
@@ -1393,47 +918,19 @@ fn apiserver_down_is_try_again_later_within_the_deadline() {
     let e = down.expect_cni_error("ADD while the apiserver is down");
     assert_eq!(e["code"], 11, "{}", down.describe());
     let msg = e["msg"].as_str().unwrap();
-    assert!(
-        msg.contains(&cluster.server_url()) && msg.contains("unavailable"),
-        "{msg}"
-    );
-    assert!(
-        down.elapsed < Duration::from_secs(5),
-        "answered after {:?}",
-        down.elapsed
-    );
-    let e = run(&Call::pod("DEL", "cid-1", "p1"), &conf, &budget)
-        .expect_cni_error("DEL while the apiserver is down");
+    assert!(msg.contains(&cluster.server_url()) && msg.contains("unavailable"), "{msg}");
+    assert!(down.elapsed < Duration::from_secs(5), "answered after {:?}", down.elapsed);
+    let e = run(&Call::pod("DEL", "cid-1", "p1"), &conf, &budget).expect_cni_error("DEL while the apiserver is down");
     assert_eq!(e["code"], 11, "{e}");
-    let e = run(&Call::global("STATUS"), &conf, &budget)
-        .expect_cni_error("STATUS while the apiserver is down");
+    let e = run(&Call::global("STATUS"), &conf, &budget).expect_cni_error("STATUS while the apiserver is down");
     assert_eq!(e["code"], 50, "{e}");
 
-    cluster
-        .start_apiserver()
-        .expect("restarting kube-apiserver");
+    cluster.start_apiserver().expect("restarting kube-apiserver");
     // Nothing of the failed calls remains; the next ADD continues where it was.
-    assert_eq!(
-        objects
-            .allocations("192.0.2.208-28")
-            .unwrap()
-            .keys()
-            .collect::<Vec<_>>(),
-        ["1"]
-    );
-    assert_eq!(
-        add(&conf, "cid-2", "p2").ips(),
-        ["192.0.2.210/28", "2001:db8:72::2/64"]
-    );
+    assert_eq!(objects.allocations("192.0.2.208-28").unwrap().keys().collect::<Vec<_>>(), ["1"]);
+    assert_eq!(add(&conf, "cid-2", "p2").ips(), ["192.0.2.210/28", "2001:db8:72::2/64"]);
     del(&conf, "cid-1", "p1").expect_ok("DEL after the outage");
-    assert_eq!(
-        objects
-            .allocations("2001-db8-72---64")
-            .unwrap()
-            .keys()
-            .collect::<Vec<_>>(),
-        ["2"]
-    );
+    assert_eq!(objects.allocations("2001-db8-72---64").unwrap().keys().collect::<Vec<_>>(), ["2"]);
 }
 
 /// An apiserver that accepts connections and never answers: the call still
@@ -1459,23 +956,9 @@ fn an_unresponsive_apiserver_is_bounded_by_the_deadline() {
     )
     .unwrap();
     let conf = kubernetes_conf("k8s-silent", &kubeconfig, None, &["192.0.2.224/28"]).to_string();
-    let out = run(
-        &Call::pod("ADD", "cid-1", "p1"),
-        &conf,
-        &[("THEREABOUTS_TIMEOUT_MS", "1500")],
-    );
+    let out = run(&Call::pod("ADD", "cid-1", "p1"), &conf, &[("THEREABOUTS_TIMEOUT_MS", "1500")]);
     let e = out.expect_cni_error("ADD against a silent apiserver");
     assert_eq!(e["code"], 11, "{}", out.describe());
-    assert!(
-        e["msg"]
-            .as_str()
-            .unwrap()
-            .contains(&format!("https://127.0.0.1:{port}")),
-        "{e}"
-    );
-    assert!(
-        out.elapsed < Duration::from_millis(4000),
-        "answered after {:?}",
-        out.elapsed
-    );
+    assert!(e["msg"].as_str().unwrap().contains(&format!("https://127.0.0.1:{port}")), "{e}");
+    assert!(out.elapsed < Duration::from_millis(4000), "answered after {:?}", out.elapsed);
 }

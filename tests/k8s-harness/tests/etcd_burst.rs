@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, PoolEntry, check_held, expect_all_ok, log_path, pod_name, pods,
-    reservation_name, run_concurrently, run_one, run_through_outage, summary,
+    Invocation, LogStats, PoolEntry, check_held, expect_all_ok, log_path, pod_name, pods, reservation_name, run_concurrently, run_one, run_through_outage,
+    summary,
 };
 use thereabouts_k8s_harness::etcd::{Etcd, etcd_conf};
 use thereabouts_k8s_harness::plugin::with_debug_log;

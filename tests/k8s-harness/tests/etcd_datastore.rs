@@ -119,10 +119,7 @@ fn dual_stack_add_check_status_gc_del_on_plain_etcd() {
     // DEL pod-a: its entries and reservations go, pod-b's stay; a repeat is fine.
     del(&conf, "cid-a", "pod-a").expect_ok("DEL pod-a");
     let after = etcd.dump("/thereabouts/").unwrap();
-    assert_eq!(
-        keys(&after),
-        [v4, v6, "/thereabouts/reservations/192.0.2.2", "/thereabouts/reservations/2001-db8-1--2"]
-    );
+    assert_eq!(keys(&after), [v4, v6, "/thereabouts/reservations/192.0.2.2", "/thereabouts/reservations/2001-db8-1--2"]);
     assert_eq!(after[0].1, format!(r#"{{"range":"192.0.2.0/28","allocations":{{"2":{}}}}}"#, entry("cid-b", "pod-b")));
     del(&conf, "cid-a", "pod-a").expect_ok("repeated DEL pod-a");
     del(&conf, "cid-b", "pod-b").expect_ok("DEL pod-b");

@@ -20,17 +20,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-    WatchParams,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::Scope;
 use serde_json::{Value, json};
@@ -40,17 +35,11 @@ const GROUP: &str = "whereabouts.cni.cncf.io";
 const PLUGIN_USER: &str = "system:serviceaccount:kube-system:thereabouts";
 
 fn ippools() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(GROUP, "v1alpha1", "IPPool"),
-        "ippools",
-    )
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, "v1alpha1", "IPPool"), "ippools")
 }
 
 fn orips() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(GROUP, "v1alpha1", "OverlappingRangeIPReservation"),
-        "overlappingrangeipreservations",
-    )
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, "v1alpha1", "OverlappingRangeIPReservation"), "overlappingrangeipreservations")
 }
 
 fn pool(name: &str, range: &str) -> DynamicObject {
@@ -77,11 +66,7 @@ fn orip(name: &str, pod: &str) -> DynamicObject {
 #[track_caller]
 fn forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
     match result {
-        Err(kube::Error::Api(s)) if s.code == 403 => assert!(
-            s.message.contains(PLUGIN_USER),
-            "{what}: 403 for another user? {}",
-            s.message
-        ),
+        Err(kube::Error::Api(s)) if s.code == 403 => assert!(s.message.contains(PLUGIN_USER), "{what}: 403 for another user? {}", s.message),
         other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
     }
 }
@@ -94,22 +79,11 @@ fn allowed<T>(what: &str, result: Result<T, kube::Error>) -> T {
 /// Does a SubjectAccessReview (evaluated by the apiserver's real authorizer) allow
 /// the ServiceAccount `user` to `verb` `group`/`resource` in `namespace` (None =
 /// all namespaces / cluster scope)?
-async fn may(
-    admin: &kube::Client,
-    user: &str,
-    verb: &str,
-    group: &str,
-    resource: &str,
-    namespace: Option<&str>,
-) -> bool {
+async fn may(admin: &kube::Client, user: &str, verb: &str, group: &str, resource: &str, namespace: Option<&str>) -> bool {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user.to_string()),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                "system:serviceaccounts:kube-system".into(),
-                "system:authenticated".into(),
-            ]),
+            groups: Some(vec!["system:serviceaccounts".into(), "system:serviceaccounts:kube-system".into(), "system:authenticated".into()]),
             resource_attributes: Some(ResourceAttributes {
                 verb: Some(verb.into()),
                 group: Some(group.into()),
@@ -133,10 +107,7 @@ fn install_script() -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     let cluster = Cluster::start().expect("starting etcd + kube-apiserver");
-    cluster
-        .install_crds()
-        .await
-        .expect("installing deploy/crds");
+    cluster.install_crds().await.expect("installing deploy/crds");
     let admin = cluster.admin_client().await.unwrap();
     let plugin = cluster.plugin_client().await.unwrap();
     let pools = Api::<DynamicObject>::namespaced_with(plugin.clone(), NAMESPACE, &ippools());
@@ -144,42 +115,20 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
 
     // Before deploy/rbac.yaml the plugin identity can do nothing: every right it
     // shows below comes from that file alone.
-    forbidden(
-        "get IPPool before rbac.yaml",
-        pools.get("192.0.2.0-24").await,
-    );
-    forbidden(
-        "list IPPools before rbac.yaml",
-        pools.list(&ListParams::default()).await,
-    );
-    forbidden(
-        "create ORIP before rbac.yaml",
-        reservations
-            .create(&PostParams::default(), &orip("192.0.2.9", "default/p"))
-            .await,
-    );
+    forbidden("get IPPool before rbac.yaml", pools.get("192.0.2.0-24").await);
+    forbidden("list IPPools before rbac.yaml", pools.list(&ListParams::default()).await);
+    forbidden("create ORIP before rbac.yaml", reservations.create(&PostParams::default(), &orip("192.0.2.9", "default/p")).await);
 
-    cluster
-        .install_rbac()
-        .await
-        .expect("applying deploy/rbac.yaml");
+    cluster.install_rbac().await.expect("applying deploy/rbac.yaml");
 
     // ---- kube-system: the plugin's own namespace. Every request the Kubernetes
     // datastore sends (host/src/datastore/kubernetes) succeeds.
     // IPPool: create (first use of a range), get, list with limit=1 (STATUS), JSON
     // patch led by a resourceVersion test (commit and rollback, whereabouts' form).
-    let created = allowed(
-        "create IPPool",
-        pools
-            .create(&PostParams::default(), &pool("192.0.2.0-24", "192.0.2.0/24"))
-            .await,
-    );
+    let created = allowed("create IPPool", pools.create(&PostParams::default(), &pool("192.0.2.0-24", "192.0.2.0/24")).await);
     let rv = created.metadata.resource_version.clone().unwrap();
     let read = allowed("get IPPool", pools.get("192.0.2.0-24").await);
-    let list = allowed(
-        "list IPPools (limit=1)",
-        pools.list(&ListParams::default().limit(1)).await,
-    );
+    let list = allowed("list IPPools (limit=1)", pools.list(&ListParams::default().limit(1)).await);
     assert_eq!(list.items.len(), 1);
     let patch: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
@@ -188,107 +137,37 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
          "value": {"id": "c0ffee", "podref": "default/pod-a", "ifname": "net1"}}
     ]))
     .unwrap();
-    let patched = allowed(
-        "JSON-patch IPPool",
-        pools
-            .patch(
-                "192.0.2.0-24",
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch.clone()),
-            )
-            .await,
-    );
+    let patched = allowed("JSON-patch IPPool", pools.patch("192.0.2.0-24", &PatchParams::default(), &Patch::Json::<()>(patch.clone())).await);
     assert_eq!(patched.data["spec"]["allocations"]["1"]["id"], "c0ffee");
     // The same patch again: the resourceVersion moved, so the apiserver answers
     // 422 (the conflict the datastore retries on), not 403.
-    match pools
-        .patch(
-            "192.0.2.0-24",
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        )
-        .await
-    {
+    match pools.patch("192.0.2.0-24", &PatchParams::default(), &Patch::Json::<()>(patch)).await {
         Err(kube::Error::Api(s)) if s.code == 422 => {}
         other => panic!("stale JSON patch: expected 422, got {other:?}"),
     }
     // Not needed by the plugin, so not granted.
-    forbidden(
-        "PUT IPPool",
-        pools
-            .replace("192.0.2.0-24", &PostParams::default(), &read)
-            .await,
-    );
-    forbidden(
-        "delete IPPool",
-        pools.delete("192.0.2.0-24", &DeleteParams::default()).await,
-    );
-    forbidden(
-        "delete all IPPools",
-        pools
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await,
-    );
-    forbidden(
-        "watch IPPools",
-        pools.watch(&WatchParams::default(), "0").await.map(|_| ()),
-    );
+    forbidden("PUT IPPool", pools.replace("192.0.2.0-24", &PostParams::default(), &read).await);
+    forbidden("delete IPPool", pools.delete("192.0.2.0-24", &DeleteParams::default()).await);
+    forbidden("delete all IPPools", pools.delete_collection(&DeleteParams::default(), &ListParams::default()).await);
+    forbidden("watch IPPools", pools.watch(&WatchParams::default(), "0").await.map(|_| ()));
 
     // ORIP: create, get (who holds it), delete with a UID precondition.
-    let reserved = allowed(
-        "create ORIP",
-        reservations
-            .create(&PostParams::default(), &orip("192.0.2.1", "default/pod-a"))
-            .await,
-    );
+    let reserved = allowed("create ORIP", reservations.create(&PostParams::default(), &orip("192.0.2.1", "default/pod-a")).await);
     let got = allowed("get ORIP", reservations.get("192.0.2.1").await);
     assert_eq!(got.data["spec"]["podref"], "default/pod-a");
     // DEL lists the reservations labelled with its attachment.
-    allowed(
-        "list ORIPs by label",
-        reservations
-            .list(&ListParams::default().labels("thereabouts.cni.dev/attachment=0123456789abcdef"))
-            .await,
-    );
-    forbidden(
-        "merge-patch ORIP",
-        reservations
-            .patch(
-                "192.0.2.1",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"containerid": "f00d"}})),
-            )
-            .await,
-    );
-    forbidden(
-        "PUT ORIP",
-        reservations
-            .replace("192.0.2.1", &PostParams::default(), &got)
-            .await,
-    );
-    forbidden(
-        "delete all ORIPs",
-        reservations
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await,
-    );
-    forbidden(
-        "watch ORIPs",
-        reservations
-            .watch(&WatchParams::default(), "0")
-            .await
-            .map(|_| ()),
-    );
+    allowed("list ORIPs by label", reservations.list(&ListParams::default().labels("thereabouts.cni.dev/attachment=0123456789abcdef")).await);
+    forbidden("merge-patch ORIP", reservations.patch("192.0.2.1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"containerid": "f00d"}}))).await);
+    forbidden("PUT ORIP", reservations.replace("192.0.2.1", &PostParams::default(), &got).await);
+    forbidden("delete all ORIPs", reservations.delete_collection(&DeleteParams::default(), &ListParams::default()).await);
+    forbidden("watch ORIPs", reservations.watch(&WatchParams::default(), "0").await.map(|_| ()));
     allowed(
         "delete ORIP (UID precondition)",
         reservations
             .delete(
                 "192.0.2.1",
                 &DeleteParams {
-                    preconditions: Some(kube::api::Preconditions {
-                        uid: reserved.metadata.uid.clone(),
-                        resource_version: None,
-                    }),
+                    preconditions: Some(kube::api::Preconditions { uid: reserved.metadata.uid.clone(), resource_version: None }),
                     ..Default::default()
                 },
             )
@@ -299,10 +178,7 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     // by the admin), so a 403 cannot be mistaken for a 404.
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "tenant-a"}})).unwrap(),
-        )
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "tenant-a"}})).unwrap())
         .await
         .expect("admin creates namespace tenant-a");
     for ns in ["default", "tenant-a"] {
@@ -310,132 +186,48 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
             .create(&PostParams::default(), &pool("198.51.100.0-24", "198.51.100.0/24"))
             .await
             .unwrap();
-        Api::<DynamicObject>::namespaced_with(admin.clone(), ns, &orips())
-            .create(&PostParams::default(), &orip("198.51.100.1", "default/x"))
-            .await
-            .unwrap();
+        Api::<DynamicObject>::namespaced_with(admin.clone(), ns, &orips()).create(&PostParams::default(), &orip("198.51.100.1", "default/x")).await.unwrap();
         let p = Api::<DynamicObject>::namespaced_with(plugin.clone(), ns, &ippools());
         let o = Api::<DynamicObject>::namespaced_with(plugin.clone(), ns, &orips());
         forbidden(&format!("get IPPool in {ns}"), p.get("198.51.100.0-24").await);
-        forbidden(
-            &format!("list IPPools in {ns}"),
-            p.list(&ListParams::default()).await,
-        );
-        forbidden(
-            &format!("create IPPool in {ns}"),
-            p.create(&PostParams::default(), &pool("203.0.113.0-24", "203.0.113.0/24"))
-                .await,
-        );
+        forbidden(&format!("list IPPools in {ns}"), p.list(&ListParams::default()).await);
+        forbidden(&format!("create IPPool in {ns}"), p.create(&PostParams::default(), &pool("203.0.113.0-24", "203.0.113.0/24")).await);
         forbidden(
             &format!("patch IPPool in {ns}"),
-            p.patch(
-                "198.51.100.0-24",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"allocations": {}}})),
-            )
-            .await,
+            p.patch("198.51.100.0-24", &PatchParams::default(), &Patch::Merge(json!({"spec": {"allocations": {}}}))).await,
         );
         forbidden(&format!("get ORIP in {ns}"), o.get("198.51.100.1").await);
-        forbidden(
-            &format!("create ORIP in {ns}"),
-            o.create(&PostParams::default(), &orip("203.0.113.1", "default/y"))
-                .await,
-        );
-        forbidden(
-            &format!("delete ORIP in {ns}"),
-            o.delete("198.51.100.1", &DeleteParams::default()).await,
-        );
+        forbidden(&format!("create ORIP in {ns}"), o.create(&PostParams::default(), &orip("203.0.113.1", "default/y")).await);
+        forbidden(&format!("delete ORIP in {ns}"), o.delete("198.51.100.1", &DeleteParams::default()).await);
     }
-    forbidden(
-        "list IPPools in all namespaces",
-        Api::<DynamicObject>::all_with(plugin.clone(), &ippools())
-            .list(&ListParams::default())
-            .await,
-    );
-    forbidden(
-        "list ORIPs in all namespaces",
-        Api::<DynamicObject>::all_with(plugin.clone(), &orips())
-            .list(&ListParams::default())
-            .await,
-    );
+    forbidden("list IPPools in all namespaces", Api::<DynamicObject>::all_with(plugin.clone(), &ippools()).list(&ListParams::default()).await);
+    forbidden("list ORIPs in all namespaces", Api::<DynamicObject>::all_with(plugin.clone(), &orips()).list(&ListParams::default()).await);
 
     // ---- Everything else, cluster-wide and in its own namespace.
     let lp = ListParams::default();
-    forbidden(
-        "list secrets (all)",
-        Api::<Secret>::all(plugin.clone()).list(&lp).await,
-    );
-    forbidden(
-        "list secrets in kube-system",
-        Api::<Secret>::namespaced(plugin.clone(), NAMESPACE)
-            .list(&lp)
-            .await,
-    );
-    forbidden(
-        "get a secret in kube-system",
-        Api::<Secret>::namespaced(plugin.clone(), NAMESPACE)
-            .get("anything")
-            .await,
-    );
+    forbidden("list secrets (all)", Api::<Secret>::all(plugin.clone()).list(&lp).await);
+    forbidden("list secrets in kube-system", Api::<Secret>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
+    forbidden("get a secret in kube-system", Api::<Secret>::namespaced(plugin.clone(), NAMESPACE).get("anything").await);
     forbidden(
         "create a namespace",
-        Api::<Namespace>::all(plugin.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": "evil"}})).unwrap(),
-            )
-            .await,
+        Api::<Namespace>::all(plugin.clone()).create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "evil"}})).unwrap()).await,
     );
-    forbidden(
-        "list namespaces",
-        Api::<Namespace>::all(plugin.clone()).list(&lp).await,
-    );
-    forbidden(
-        "list nodes",
-        Api::<Node>::all(plugin.clone()).list(&lp).await,
-    );
-    forbidden(
-        "list pods (all)",
-        Api::<Pod>::all(plugin.clone()).list(&lp).await,
-    );
-    forbidden(
-        "list pods in kube-system",
-        Api::<Pod>::namespaced(plugin.clone(), NAMESPACE)
-            .list(&lp)
-            .await,
-    );
-    forbidden(
-        "list configmaps in kube-system",
-        Api::<ConfigMap>::namespaced(plugin.clone(), NAMESPACE)
-            .list(&lp)
-            .await,
-    );
-    forbidden(
-        "list leases in kube-system",
-        Api::<Lease>::namespaced(plugin.clone(), NAMESPACE)
-            .list(&lp)
-            .await,
-    );
+    forbidden("list namespaces", Api::<Namespace>::all(plugin.clone()).list(&lp).await);
+    forbidden("list nodes", Api::<Node>::all(plugin.clone()).list(&lp).await);
+    forbidden("list pods (all)", Api::<Pod>::all(plugin.clone()).list(&lp).await);
+    forbidden("list pods in kube-system", Api::<Pod>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
+    forbidden("list configmaps in kube-system", Api::<ConfigMap>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
+    forbidden("list leases in kube-system", Api::<Lease>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
     forbidden(
         "create a lease in kube-system",
         Api::<Lease>::namespaced(plugin.clone(), NAMESPACE)
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": "whereabouts"}})).unwrap(),
-            )
+            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "whereabouts"}})).unwrap())
             .await,
     );
-    forbidden(
-        "list CRDs",
-        Api::<CustomResourceDefinition>::all(plugin.clone())
-            .list(&lp)
-            .await,
-    );
+    forbidden("list CRDs", Api::<CustomResourceDefinition>::all(plugin.clone()).list(&lp).await);
     forbidden(
         "delete the IPPool CRD",
-        Api::<CustomResourceDefinition>::all(plugin.clone())
-            .delete("ippools.whereabouts.cni.cncf.io", &DeleteParams::default())
-            .await,
+        Api::<CustomResourceDefinition>::all(plugin.clone()).delete("ippools.whereabouts.cni.cncf.io", &DeleteParams::default()).await,
     );
     // No escalation: it cannot bind itself to more.
     forbidden(
@@ -452,12 +244,7 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
             )
             .await,
     );
-    forbidden(
-        "get its own ServiceAccount",
-        Api::<ServiceAccount>::namespaced(plugin.clone(), NAMESPACE)
-            .get("thereabouts")
-            .await,
-    );
+    forbidden("get its own ServiceAccount", Api::<ServiceAccount>::namespaced(plugin.clone(), NAMESPACE).get("thereabouts").await);
 
     // The plugin may not watch pods either (a SubjectAccessReview: the same authorizer).
     assert!(!may(&admin, PLUGIN_USER, "watch", "", "pods", None).await);
@@ -485,42 +272,20 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
         .env("KUBERNETES_SERVICE_PORT", &port)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "install-cni.sh --once failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let flat: Value = serde_json::from_slice(
-        &std::fs::read(conf.join("thereabouts.d/thereabouts.conf")).unwrap(),
-    )
-    .unwrap();
+    assert!(out.status.success(), "install-cni.sh --once failed: {}", String::from_utf8_lossy(&out.stderr));
+    let flat: Value = serde_json::from_slice(&std::fs::read(conf.join("thereabouts.d/thereabouts.conf")).unwrap()).unwrap();
     let kubeconfig = PathBuf::from(flat["kubernetes"]["kubeconfig"].as_str().unwrap());
-    assert_eq!(
-        kubeconfig,
-        conf.join("thereabouts.d/thereabouts.kubeconfig")
-    );
+    assert_eq!(kubeconfig, conf.join("thereabouts.d/thereabouts.kubeconfig"));
     let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
     assert_eq!(config.default_namespace, NAMESPACE);
     let installed = kube::Client::try_from(config).unwrap();
-    let via_installed: Api<DynamicObject> =
-        Api::default_namespaced_with(installed.clone(), &ippools());
-    let list = allowed(
-        "list IPPools with the installer's kubeconfig",
-        via_installed.list(&ListParams::default()).await,
-    );
-    assert_eq!(
-        list.items.len(),
-        1,
-        "the pool created above, in kube-system"
-    );
+    let via_installed: Api<DynamicObject> = Api::default_namespaced_with(installed.clone(), &ippools());
+    let list = allowed("list IPPools with the installer's kubeconfig", via_installed.list(&ListParams::default()).await);
+    assert_eq!(list.items.len(), 1, "the pool created above, in kube-system");
     forbidden(
         "list IPPools in default with the installer's kubeconfig",
-        Api::<DynamicObject>::namespaced_with(installed, "default", &ippools())
-            .list(&ListParams::default())
-            .await,
+        Api::<DynamicObject>::namespaced_with(installed, "default", &ippools()).list(&ListParams::default()).await,
     );
 }
 
@@ -532,24 +297,8 @@ async fn manifests_pass_strict_server_side_validation() {
     // Every object, server-side applied with fieldValidation=Strict: an unknown
     // or misplaced field is an error instead of a warning.
     let rbac = strict_apply(&admin, &deploy_dir().join("rbac.yaml")).await;
-    let kinds: Vec<String> = rbac
-        .iter()
-        .map(|o| {
-            format!(
-                "{}/{}",
-                o.types.as_ref().unwrap().kind,
-                o.metadata.name.as_ref().unwrap()
-            )
-        })
-        .collect();
-    assert_eq!(
-        kinds,
-        [
-            "ServiceAccount/thereabouts",
-            "Role/thereabouts",
-            "RoleBinding/thereabouts",
-        ]
-    );
+    let kinds: Vec<String> = rbac.iter().map(|o| format!("{}/{}", o.types.as_ref().unwrap().kind, o.metadata.name.as_ref().unwrap())).collect();
+    assert_eq!(kinds, ["ServiceAccount/thereabouts", "Role/thereabouts", "RoleBinding/thereabouts",]);
     for o in &rbac {
         if let Some(ns) = &o.metadata.namespace {
             assert_eq!(ns, NAMESPACE, "{kinds:?}");
@@ -568,24 +317,14 @@ async fn manifests_pass_strict_server_side_validation() {
     assert_eq!((subject["namespace"].as_str(), subject["name"].as_str()), (Some(NAMESPACE), Some("thereabouts")));
 
     // Stored as written, in the namespace of the Role and ServiceAccount.
-    let ds = Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
-        .get("thereabouts")
-        .await
-        .expect("the DaemonSet is stored");
+    let ds = Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE).get("thereabouts").await.expect("the DaemonSet is stored");
     let pod = ds.spec.unwrap().template.spec.unwrap();
     assert_eq!(pod.service_account_name.as_deref(), Some("thereabouts"));
-    Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
-        .get("thereabouts")
-        .await
-        .expect("its ServiceAccount exists in the same namespace");
+    Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE).get("thereabouts").await.expect("its ServiceAccount exists in the same namespace");
     assert_eq!(pod.host_network, Some(true));
     let tolerations = pod.tolerations.unwrap();
     assert!(
-        tolerations
-            .iter()
-            .any(|t| t.operator.as_deref() == Some("Exists")
-                && t.key.is_none()
-                && t.effect.is_none()),
+        tolerations.iter().any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none()),
         "tolerates every taint: {tolerations:?}"
     );
     let c = &pod.containers[0];
@@ -597,42 +336,23 @@ async fn manifests_pass_strict_server_side_validation() {
     // it, every variable the manifest sets is one the script reads, and each
     // host directory is mounted where the script writes by default.
     let script = std::fs::read_to_string(install_script()).unwrap();
-    assert_eq!(
-        c.command.as_deref(),
-        Some(&["/opt/thereabouts/install-cni.sh".to_string()][..])
-    );
+    assert_eq!(c.command.as_deref(), Some(&["/opt/thereabouts/install-cni.sh".to_string()][..]));
     for e in c.env.as_deref().unwrap_or_default() {
-        assert!(
-            script.contains(&format!("{}=${{{}:-", e.name, e.name)),
-            "the DaemonSet sets {} but install-cni.sh does not read it",
-            e.name
-        );
+        assert!(script.contains(&format!("{}=${{{}:-", e.name, e.name)), "the DaemonSet sets {} but install-cni.sh does not read it", e.name);
     }
     let default_of = |var: &str| -> String {
         let key = format!("{var}=${{{var}:-");
-        let rest = &script[script
-            .find(&key)
-            .unwrap_or_else(|| panic!("{var} in script"))
-            + key.len()..];
+        let rest = &script[script.find(&key).unwrap_or_else(|| panic!("{var} in script")) + key.len()..];
         rest[..rest.find('}').unwrap()].to_string()
     };
     let volumes = pod.volumes.unwrap();
     let host_path_at = |mount: &str| -> String {
-        let m = c
-            .volume_mounts
-            .as_ref()
-            .unwrap()
-            .iter()
-            .find(|m| m.mount_path == mount)
-            .unwrap_or_else(|| panic!("nothing mounted at {mount}"));
+        let m = c.volume_mounts.as_ref().unwrap().iter().find(|m| m.mount_path == mount).unwrap_or_else(|| panic!("nothing mounted at {mount}"));
         let v = volumes.iter().find(|v| v.name == m.name).unwrap();
         v.host_path.as_ref().unwrap().path.clone()
     };
     assert_eq!(host_path_at(&default_of("CNI_BIN_DIR")), "/opt/cni/bin");
-    assert_eq!(
-        host_path_at(&default_of("CNI_CONF_DIR")),
-        default_of("HOST_CNI_CONF_DIR")
-    );
+    assert_eq!(host_path_at(&default_of("CNI_CONF_DIR")), default_of("HOST_CNI_CONF_DIR"));
     assert_eq!(default_of("HOST_CNI_CONF_DIR"), "/etc/cni/net.d");
 }
 
@@ -643,36 +363,18 @@ async fn strict_apply(client: &kube::Client, file: &Path) -> Vec<DynamicObject> 
     for value in split_yaml(&text).unwrap() {
         let obj: DynamicObject = serde_json::from_value(value).unwrap();
         let types = obj.types.clone().unwrap();
-        let (group, version) = types
-            .api_version
-            .split_once('/')
-            .unwrap_or(("", &types.api_version));
+        let (group, version) = types.api_version.split_once('/').unwrap_or(("", &types.api_version));
         let gvk = GroupVersionKind::gvk(group, version, &types.kind);
         let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
         let api: Api<DynamicObject> = match caps.scope {
-            Scope::Namespaced => Api::namespaced_with(
-                client.clone(),
-                obj.metadata
-                    .namespace
-                    .as_deref()
-                    .expect("namespaced objects name their namespace"),
-                &ar,
-            ),
+            Scope::Namespaced => Api::namespaced_with(client.clone(), obj.metadata.namespace.as_deref().expect("namespaced objects name their namespace"), &ar),
             Scope::Cluster => Api::all_with(client.clone(), &ar),
         };
         let name = obj.metadata.name.clone().unwrap();
         let applied = api
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER)
-                    .force()
-                    .validation_strict(),
-                &Patch::Apply(&obj),
-            )
+            .patch(&name, &PatchParams::apply(FIELD_MANAGER).force().validation_strict(), &Patch::Apply(&obj))
             .await
-            .unwrap_or_else(|e| {
-                panic!("{}: {} {name} rejected: {e:?}", file.display(), types.kind)
-            });
+            .unwrap_or_else(|e| panic!("{}: {} {name} rejected: {e:?}", file.display(), types.kind));
         out.push(applied);
     }
     out
@@ -686,10 +388,7 @@ impl ScratchDir {
         let p = std::env::temp_dir().join(format!(
             "thereabouts-rbac-test-{}-{:?}",
             std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
         ));
         std::fs::create_dir_all(&p).unwrap();
         ScratchDir(p)

@@ -13,10 +13,7 @@ use serde_json::json;
 use thereabouts_k8s_harness::{Cluster, NAMESPACE, pid_alive};
 
 fn ippools() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("whereabouts.cni.cncf.io", "v1alpha1", "IPPool"),
-        "ippools",
-    )
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("whereabouts.cni.cncf.io", "v1alpha1", "IPPool"), "ippools")
 }
 
 fn api_status(err: kube::Error) -> Box<kube::core::Status> {
@@ -36,11 +33,7 @@ fn assert_gone(pids: &[u32], dir: &std::path::Path) {
         assert!(!pid_alive(*p), "process {p} survived the teardown");
     }
     let keep = std::env::var_os("THEREABOUTS_K8S_KEEP").is_some_and(|v| v != "0" && !v.is_empty());
-    assert!(
-        keep || !dir.exists(),
-        "{} survived the teardown",
-        dir.display()
-    );
+    assert!(keep || !dir.exists(), "{} survived the teardown", dir.display());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,22 +46,11 @@ async fn crds_ippool_and_conflict_status_codes() {
     // Kubeconfigs are flat files with the namespace in the context.
     for kc in [cluster.admin_kubeconfig(), cluster.plugin_kubeconfig()] {
         let text = std::fs::read_to_string(&kc).unwrap();
-        assert!(
-            text.contains("namespace: kube-system"),
-            "{}:\n{text}",
-            kc.display()
-        );
-        assert!(
-            text.contains("certificate-authority-data:"),
-            "{}:\n{text}",
-            kc.display()
-        );
+        assert!(text.contains("namespace: kube-system"), "{}:\n{text}", kc.display());
+        assert!(text.contains("certificate-authority-data:"), "{}:\n{text}", kc.display());
     }
 
-    cluster
-        .install_crds()
-        .await
-        .expect("installing deploy/crds");
+    cluster.install_crds().await.expect("installing deploy/crds");
     let admin = cluster.admin_client().await.unwrap();
     let pools: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NAMESPACE, &ippools());
 
@@ -83,19 +65,9 @@ async fn crds_ippool_and_conflict_status_codes() {
         }
     }))
     .unwrap();
-    pool = pools
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("creating the IPPool");
-    let rv1 = pool
-        .metadata
-        .resource_version
-        .clone()
-        .expect("resourceVersion after create");
-    assert_eq!(
-        pool.data["spec"]["allocations"]["1"]["podref"],
-        "default/pod-a"
-    );
+    pool = pools.create(&PostParams::default(), &pool).await.expect("creating the IPPool");
+    let rv1 = pool.metadata.resource_version.clone().expect("resourceVersion after create");
+    assert_eq!(pool.data["spec"]["allocations"]["1"]["podref"], "default/pod-a");
 
     // The schema is enforced (podref is required): the CRD is really installed.
     let bad: DynamicObject = serde_json::from_value(json!({
@@ -104,20 +76,12 @@ async fn crds_ippool_and_conflict_status_codes() {
         "spec": {"range": "203.0.113.0/24", "allocations": {"1": {"id": "x"}}}
     }))
     .unwrap();
-    let s = api_status(
-        pools
-            .create(&PostParams::default(), &bad)
-            .await
-            .unwrap_err(),
-    );
+    let s = api_status(pools.create(&PostParams::default(), &bad).await.unwrap_err());
     assert_eq!(s.code, 422, "schema violation: {s:?}");
 
     // A successful PUT with the current resourceVersion moves it to rv2.
     pool.data["spec"]["allocations"]["2"] = json!({"id": "beef", "podref": "default/pod-b"});
-    let updated = pools
-        .replace("192.0.2.0-24", &PostParams::default(), &pool)
-        .await
-        .expect("PUT with current rv");
+    let updated = pools.replace("192.0.2.0-24", &PostParams::default(), &pool).await.expect("PUT with current rv");
     let rv2 = updated.metadata.resource_version.clone().unwrap();
     assert_ne!(rv1, rv2);
 
@@ -125,12 +89,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     let mut stale = pool.clone();
     stale.metadata.resource_version = Some(rv1.clone());
     stale.data["spec"]["allocations"]["3"] = json!({"id": "dead", "podref": "default/pod-c"});
-    let s = api_status(
-        pools
-            .replace("192.0.2.0-24", &PostParams::default(), &stale)
-            .await
-            .unwrap_err(),
-    );
+    let s = api_status(pools.replace("192.0.2.0-24", &PostParams::default(), &stale).await.unwrap_err());
     assert_eq!(s.code, 409, "stale PUT: {s:?}");
     assert_eq!(s.reason, "Conflict");
 
@@ -145,16 +104,7 @@ async fn crds_ippool_and_conflict_status_codes() {
         ]))
         .unwrap()
     };
-    let s = api_status(
-        pools
-            .patch(
-                "192.0.2.0-24",
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch(&rv1, "4")),
-            )
-            .await
-            .unwrap_err(),
-    );
+    let s = api_status(pools.patch("192.0.2.0-24", &PatchParams::default(), &Patch::Json::<()>(patch(&rv1, "4"))).await.unwrap_err());
     assert_eq!(s.code, 422, "failed JSON-patch test: {s:?}");
     assert_eq!(s.reason, "Invalid");
 
@@ -165,14 +115,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     assert_eq!(allocs.keys().collect::<Vec<_>>(), ["1", "2"]);
 
     // The same patch with the current rv succeeds (positive control).
-    let patched = pools
-        .patch(
-            "192.0.2.0-24",
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch(&rv2, "4")),
-        )
-        .await
-        .expect("JSON patch with current rv");
+    let patched = pools.patch("192.0.2.0-24", &PatchParams::default(), &Patch::Json::<()>(patch(&rv2, "4"))).await.expect("JSON patch with current rv");
     assert_eq!(patched.data["spec"]["allocations"]["4"]["ifname"], "eth0");
 
     // The plugin identity authenticates (not 401) but may do nothing before the
@@ -181,12 +124,7 @@ async fn crds_ippool_and_conflict_status_codes() {
     let plugin_pools: Api<DynamicObject> = Api::namespaced_with(plugin, NAMESPACE, &ippools());
     let s = api_status(plugin_pools.get("192.0.2.0-24").await.unwrap_err());
     assert_eq!(s.code, 403, "plugin identity without RBAC: {s:?}");
-    assert!(
-        s.message
-            .contains("system:serviceaccount:kube-system:thereabouts"),
-        "{}",
-        s.message
-    );
+    assert!(s.message.contains("system:serviceaccount:kube-system:thereabouts"), "{}", s.message);
 
     // The ORIP CRD is served too.
     cluster
@@ -206,8 +144,7 @@ fn teardown_when_a_test_panics() {
     let (tx, rx) = std::sync::mpsc::channel();
     let result = std::thread::spawn(move || {
         let cluster = Cluster::start().expect("starting etcd + kube-apiserver");
-        tx.send((cluster.pids(), cluster.dir().to_path_buf()))
-            .unwrap();
+        tx.send((cluster.pids(), cluster.dir().to_path_buf())).unwrap();
         panic!("deliberate panic with a running cluster");
     })
     .join();
@@ -232,14 +169,9 @@ async fn apiserver_restart_keeps_data() {
     cluster.stop_apiserver();
     assert!(!pid_alive(old));
     assert_eq!(cluster.pids().len(), 1, "only etcd runs");
-    cluster
-        .start_apiserver()
-        .expect("restarting kube-apiserver");
+    cluster.start_apiserver().expect("restarting kube-apiserver");
     let admin = cluster.admin_client().await.unwrap();
     let pools: Api<DynamicObject> = Api::namespaced_with(admin, NAMESPACE, &ippools());
-    let pool = pools
-        .get("198.51.100.0-24")
-        .await
-        .expect("pool survives an apiserver restart");
+    let pool = pools.get("198.51.100.0-24").await.expect("pool survives an apiserver restart");
     assert_eq!(pool.data["spec"]["range"], "198.51.100.0/24");
 }

@@ -74,7 +74,8 @@ mod tests {
 
     #[test]
     fn client_errors_keep_their_cause() {
-        let status = etcd_client::Error::GRpcStatus(tonic::Status::new(Code::InvalidArgument, "etcdserver: authentication failed, invalid user ID or password"));
+        let status =
+            etcd_client::Error::GRpcStatus(tonic::Status::new(Code::InvalidArgument, "etcdserver: authentication failed, invalid user ID or password"));
         let (class, text) = classify(&status);
         assert_eq!(class, Class::Denied);
         assert!(text.contains("authentication failed"), "{text}");

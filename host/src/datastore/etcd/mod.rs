@@ -56,10 +56,10 @@ use std::time::{Duration, Instant};
 use etcd_client::{Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn, TxnOp, TxnOpResponse};
 use thereabouts_allocator::model::DatastoreSettings;
 
+use super::failure::Class;
 use super::retry;
 use super::{Capabilities, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 use crate::logging;
-use super::failure::Class;
 use layout::{Layout, PoolValue, ReservationValue};
 use settings::Settings;
 use txn::{CommitTxn, Guard, Reads, Refusal, StoredReservation, Write};
@@ -252,7 +252,11 @@ impl EtcdStore {
             if let Some(kv) = get.kvs().first() {
                 found.insert(
                     name.clone(),
-                    Some(StoredReservation { value: ReservationValue::decode(kv.value()).ok(), create_revision: kv.create_revision(), mod_revision: kv.mod_revision() }),
+                    Some(StoredReservation {
+                        value: ReservationValue::decode(kv.value()).ok(),
+                        create_revision: kv.create_revision(),
+                        mod_revision: kv.mod_revision(),
+                    }),
                 );
             }
         }

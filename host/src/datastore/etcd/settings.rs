@@ -74,7 +74,9 @@ pub fn read(d: &DatastoreSettings) -> Result<Settings, String> {
             (Some(s), true) if s == "https" => host.to_string(),
             (Some(s), false) if s == "http" => host.to_string(),
             (Some(s), true) if s == "http" => return Err(format!("etcd_host {host} is plain http, but etcd TLS files are configured: use https://")),
-            (Some(s), false) if s == "https" => return Err(format!("etcd_host {host} is https: set \"etcd_ca_cert_file\" (and the client certificate and key if etcd asks for them)")),
+            (Some(s), false) if s == "https" => {
+                return Err(format!("etcd_host {host} is https: set \"etcd_ca_cert_file\" (and the client certificate and key if etcd asks for them)"));
+            }
             (Some(s), _) => return Err(format!("etcd_host {host}: unknown scheme {s:?} (http or https)")),
         };
         endpoints.push(endpoint);

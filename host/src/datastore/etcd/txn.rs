@@ -95,9 +95,14 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
             txn.guards.push(Guard::Absent { key: pool_key.clone() });
             PoolValue::empty(&update.pool.cidr)
         } else {
-            let mod_revision = update.expected.0.parse::<i64>().map_err(|_| inconsistent(format!("version {:?} is not an etcd revision", update.expected.0)))?;
+            let mod_revision =
+                update.expected.0.parse::<i64>().map_err(|_| inconsistent(format!("version {:?} is not an etcd revision", update.expected.0)))?;
             txn.guards.push(Guard::Unchanged { key: pool_key.clone(), mod_revision });
-            reads.pools.get(name).cloned().ok_or_else(|| inconsistent(format!("commit against version {}, which this process did not read", update.expected.0)))?
+            reads
+                .pools
+                .get(name)
+                .cloned()
+                .ok_or_else(|| inconsistent(format!("commit against version {}, which this process did not read", update.expected.0)))?
         };
         let mut pool_changed = false;
         for change in &update.changes {
@@ -114,7 +119,8 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
                     pool_changed = true;
                 }
                 Change::SetContainerId { offset, container_id } => {
-                    let entry = value.allocations.get_mut(offset).ok_or_else(|| inconsistent(format!("container ID change at offset {offset}, which is free")))?;
+                    let entry =
+                        value.allocations.get_mut(offset).ok_or_else(|| inconsistent(format!("container ID change at offset {offset}, which is free")))?;
                     entry.id = container_id.clone();
                     pool_changed = true;
                 }
@@ -127,7 +133,12 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
                             txn.guards.push(Guard::Unchanged { key, mod_revision: stored.mod_revision });
                         }
                         Some(stored) => {
-                            return Err(Refusal::HeldElsewhere { pool: name.clone(), name: reservation.clone(), offset: holder.offset, create_revision: stored.create_revision });
+                            return Err(Refusal::HeldElsewhere {
+                                pool: name.clone(),
+                                name: reservation.clone(),
+                                offset: holder.offset,
+                                create_revision: stored.create_revision,
+                            });
                         }
                     }
                     txn.writes.push(put);

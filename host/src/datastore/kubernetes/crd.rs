@@ -145,12 +145,8 @@ pub fn parse_key(key: &str) -> Option<u128> {
 
 /// Reads an `IPPool` object (a GET's or PATCH's answer).
 pub fn parse_pool(object: &Value) -> Result<PoolObject, String> {
-    let resource_version = object
-        .pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .filter(|v| !v.is_empty())
-        .ok_or("it has no metadata.resourceVersion")?
-        .to_string();
+    let resource_version =
+        object.pointer("/metadata/resourceVersion").and_then(Value::as_str).filter(|v| !v.is_empty()).ok_or("it has no metadata.resourceVersion")?.to_string();
     let spec = object.get("spec").and_then(Value::as_object);
     let range = spec.and_then(|s| s.get("range")).and_then(Value::as_str).map(str::to_string);
     let mut pool = PoolObject { resource_version, range, ..PoolObject::default() };
@@ -211,7 +207,8 @@ impl ReservationObject {
     /// Reservations written before whereabouts v0.8.0 carry no interface; they
     /// match any interface of the pod.
     pub fn is_held_by(&self, holder: &Allocation) -> bool {
-        let same_pod = if holder.pod_ref.is_empty() { !self.containerid.is_empty() && self.containerid == holder.container_id } else { self.podref == holder.pod_ref };
+        let same_pod =
+            if holder.pod_ref.is_empty() { !self.containerid.is_empty() && self.containerid == holder.container_id } else { self.podref == holder.pod_ref };
         same_pod && (self.ifname.is_empty() || self.ifname == holder.ifname)
     }
 
@@ -255,7 +252,10 @@ mod tests {
         assert_ne!(attachment_label("ab", "c"), attachment_label("a", "bc"));
         assert_eq!(
             attachment_reservations_path("ns", "x", "eth0"),
-            format!("/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/overlappingrangeipreservations?labelSelector=thereabouts.cni.dev%2Fattachment%3D{}", attachment_label("x", "eth0"))
+            format!(
+                "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/overlappingrangeipreservations?labelSelector=thereabouts.cni.dev%2Fattachment%3D{}",
+                attachment_label("x", "eth0")
+            )
         );
         let parsed = parse_reservation(&orip);
         assert_eq!(parsed.name, "192.0.2.1");
@@ -335,7 +335,13 @@ mod tests {
     #[test]
     fn reservation_ownership() {
         let holder = alloc(7, "cid", "ns/pod", "net1");
-        let r = |pod: &str, ifname: &str, cid: &str| ReservationObject { uid: "u".into(), podref: pod.into(), ifname: ifname.into(), containerid: cid.into(), ..Default::default() };
+        let r = |pod: &str, ifname: &str, cid: &str| ReservationObject {
+            uid: "u".into(),
+            podref: pod.into(),
+            ifname: ifname.into(),
+            containerid: cid.into(),
+            ..Default::default()
+        };
         assert!(r("ns/pod", "net1", "other").is_held_by(&holder), "same pod and interface; the container may change");
         assert!(r("ns/pod", "", "").is_held_by(&holder), "pre-v0.8.0 reservation without ifname");
         assert!(!r("ns/pod", "net2", "cid").is_held_by(&holder));

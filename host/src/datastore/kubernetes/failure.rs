@@ -140,17 +140,29 @@ mod tests {
 
     #[test]
     fn failed_tests_are_conflicts_but_schema_errors_are_not() {
-        assert!(is_failed_test(&status(422, "Invalid", "the server rejected our request due to an error in our request: testing value /metadata/resourceVersion failed: test failed", None)));
+        assert!(is_failed_test(&status(
+            422,
+            "Invalid",
+            "the server rejected our request due to an error in our request: testing value /metadata/resourceVersion failed: test failed",
+            None
+        )));
         assert!(is_failed_test(&status(422, "Invalid", "test operation does not apply: doc is missing path: /spec/allocations/4", None)));
         let mut schema = status(422, "Invalid", "IPPool.whereabouts.cni.cncf.io \"x\" is invalid: spec.allocations.1.podref: Required value", Some("x"));
-        schema.details.as_mut().unwrap().causes = serde_json::from_value(serde_json::json!([{"reason": "FieldValueRequired", "message": "Required value", "field": "spec.allocations.1.podref"}])).unwrap();
+        schema.details.as_mut().unwrap().causes =
+            serde_json::from_value(serde_json::json!([{"reason": "FieldValueRequired", "message": "Required value", "field": "spec.allocations.1.podref"}]))
+                .unwrap();
         assert!(!is_failed_test(&schema));
         assert!(!is_failed_test(&status(409, "Conflict", "testing value", None)));
     }
 
     #[test]
     fn forbidden_keeps_the_apiservers_reason() {
-        let s = status(403, "Forbidden", "ippools.whereabouts.cni.cncf.io \"x\" is forbidden: User \"system:serviceaccount:kube-system:thereabouts\" cannot patch resource \"ippools\" in API group \"whereabouts.cni.cncf.io\" in the namespace \"other\"", Some("x"));
+        let s = status(
+            403,
+            "Forbidden",
+            "ippools.whereabouts.cni.cncf.io \"x\" is forbidden: User \"system:serviceaccount:kube-system:thereabouts\" cannot patch resource \"ippools\" in API group \"whereabouts.cni.cncf.io\" in the namespace \"other\"",
+            Some("x"),
+        );
         let text = describe_status(&s);
         assert!(text.starts_with("403 Forbidden: ") && text.contains("cannot patch resource \"ippools\"") && text.contains("namespace \"other\""), "{text}");
     }

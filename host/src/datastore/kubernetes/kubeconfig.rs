@@ -16,11 +16,7 @@ pub const DEFAULT_NAMESPACE: &str = "kube-system";
 /// whereabouts (`k8s config: namespace not present in context`).
 pub fn namespace_of(config: &Kubeconfig) -> Result<String, String> {
     let current = config.current_context.as_deref().filter(|c| !c.is_empty()).ok_or_else(|| "it has no current-context".to_string())?;
-    let context = config
-        .contexts
-        .iter()
-        .find(|c| c.name == current)
-        .ok_or_else(|| format!("its current-context {current:?} is not among its contexts"))?;
+    let context = config.contexts.iter().find(|c| c.name == current).ok_or_else(|| format!("its current-context {current:?} is not among its contexts"))?;
     Ok(context.context.as_ref().and_then(|c| c.namespace.clone()).filter(|ns| !ns.is_empty()).unwrap_or_else(|| DEFAULT_NAMESPACE.to_string()))
 }
 
@@ -55,7 +51,8 @@ mod tests {
         Kubeconfig::from_yaml(yaml).unwrap()
     }
 
-    const BASE: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:6443'}\nusers:\n- name: u\n  user: {token: t}\n";
+    const BASE: &str =
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:6443'}\nusers:\n- name: u\n  user: {token: t}\n";
 
     #[test]
     fn namespace_comes_from_the_current_context() {

@@ -79,9 +79,10 @@ async fn serve(request: http::Request<Body>, log: Log, script: Script) -> Result
     let answer = script.0.lock().unwrap().pop_front();
     let (code, document) = match answer {
         Some(Answer::Ok(object)) => (200, object),
-        Some(Answer::Status(code, reason, details)) => {
-            (code, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": reason, "reason": reason, "code": code, "details": details}))
-        }
+        Some(Answer::Status(code, reason, details)) => (
+            code,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": reason, "reason": reason, "code": code, "details": details}),
+        ),
         Some(Answer::Unreachable) => return Err("connection refused".into()),
         Some(Answer::Silent) => {
             std::future::pending::<()>().await;

@@ -16,9 +16,9 @@
 pub mod crd;
 pub mod failure;
 pub mod kubeconfig;
-pub mod patch;
 #[cfg(test)]
 mod mock_api;
+pub mod patch;
 #[cfg(test)]
 mod tests;
 
@@ -33,11 +33,11 @@ use kube::core::Status;
 use serde_json::{Value, json};
 use thereabouts_allocator::model::Allocation;
 
+use super::failure::Class;
 use super::retry::{self, Backoff};
 use super::{Capabilities, Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
 use crate::logging;
 use crd::{IPPOOLS, PoolObject, RESERVATIONS};
-use super::failure::Class;
 
 /// Longest wait for one answer, whatever the call's budget (whereabouts: 10 s).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -123,7 +123,9 @@ enum Reply {
 
 /// How a reservation attempt ended.
 enum Reservation {
-    Created { uid: String },
+    Created {
+        uid: String,
+    },
     /// It existed already for this attachment (a retried ADD), or was made by
     /// whereabouts for the same pod and interface.
     Adopted,
@@ -141,11 +143,7 @@ impl KubernetesStore {
     pub fn open(kubeconfig_path: &Path) -> Result<Self, DatastoreError> {
         let unusable = |detail: String| DatastoreError::Kubeconfig { path: kubeconfig_path.to_path_buf(), detail };
         let (file, namespace) = kubeconfig::read(kubeconfig_path).map_err(unusable)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| DatastoreError::io(kubeconfig_path, e))?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build().map_err(|e| DatastoreError::io(kubeconfig_path, e))?;
         let (client, server) = runtime
             .block_on(async {
                 let mut config = kubeconfig::client_config(file).await?;
@@ -257,7 +255,11 @@ impl KubernetesStore {
                 }
                 Ok(Ok(text)) => {
                     log("ok");
-                    let value = if text.trim().is_empty() { Value::Null } else { serde_json::from_str(&text).map_err(|e| self.rejected(action, format!("answer is not JSON: {e}")))? };
+                    let value = if text.trim().is_empty() {
+                        Value::Null
+                    } else {
+                        serde_json::from_str(&text).map_err(|e| self.rejected(action, format!("answer is not JSON: {e}")))?
+                    };
                     return Ok(Reply::Object(value));
                 }
                 Ok(Err(kube::Error::Api(status))) => {
@@ -447,9 +449,9 @@ impl KubernetesStore {
             names.into_iter().filter_map(|n| held.remove(&n).map(|h| (n, h))).collect()
         };
         for (name, h) in dropped {
-            let committed = lock(&self.pools)
-                .get(&h.pool)
-                .is_some_and(|p| p.entries.iter().any(|e| e.offset == h.holder.offset && e.container_id == h.holder.container_id && e.ifname == h.holder.ifname));
+            let committed = lock(&self.pools).get(&h.pool).is_some_and(|p| {
+                p.entries.iter().any(|e| e.offset == h.holder.offset && e.container_id == h.holder.container_id && e.ifname == h.holder.ifname)
+            });
             if committed {
                 logging::debug(format!("reservation {name} (offset {}): the pool holds its entry, kept", h.holder.offset));
                 continue;
@@ -488,13 +490,14 @@ impl KubernetesStore {
         let read = read.ok_or_else(|| inconsistent(format!("commit against version {:?}, which this process did not read", update.expected.0)))?;
         let patch = patch::update(&read, &update.changes).map_err(inconsistent)?;
         let action = format!("patching IPPool {}/{name}", self.namespace);
-        let result = match self.call_within(Method::PATCH, &self.pool_path(name), Some((JSON_PATCH, &patch)), &action, deadline, WRITE_TIMEOUT, THROTTLE_RETRIES)? {
-            Reply::Object(_) => Ok(()),
-            // An entry's test failed (its offset was taken, or the entry to change
-            // is gone or someone else's), or the pool was deleted since.
-            Reply::Status(s) if failure::is_failed_test(&s) || s.code == 409 || failure::is_object_not_found(&s, name) => Err(conflict()),
-            Reply::Status(s) => Err(self.status_error(&s, &action)),
-        };
+        let result =
+            match self.call_within(Method::PATCH, &self.pool_path(name), Some((JSON_PATCH, &patch)), &action, deadline, WRITE_TIMEOUT, THROTTLE_RETRIES)? {
+                Reply::Object(_) => Ok(()),
+                // An entry's test failed (its offset was taken, or the entry to change
+                // is gone or someone else's), or the pool was deleted since.
+                Reply::Status(s) if failure::is_failed_test(&s) || s.code == 409 || failure::is_object_not_found(&s, name) => Err(conflict()),
+                Reply::Status(s) => Err(self.status_error(&s, &action)),
+            };
         // Whatever happened, the object read is stale now.
         lock(&self.pools).remove(name);
         result
@@ -545,7 +548,10 @@ impl Datastore for KubernetesStore {
         if self.reuse_reads.load(Ordering::Relaxed)
             && let Some(object) = lock(&self.pools).get(&pool.name)
         {
-            logging::debug(format!("IPPool {}: planning again on the read of version {} (a reservation was taken, not the pool)", pool.name, object.resource_version));
+            logging::debug(format!(
+                "IPPool {}: planning again on the read of version {} (a reservation was taken, not the pool)",
+                pool.name, object.resource_version
+            ));
             return Ok(Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone(), ..Pool::default() });
         }
         match self.read_pool(pool, self.deadline())? {
@@ -603,7 +609,10 @@ impl Datastore for KubernetesStore {
                     });
                 }
                 Ok(Reservation::Taken) => {
-                    logging::debug(format!("address of offset {} in pool {} is reserved as {name} (by a racer); planning around it", holder.offset, update.pool.name));
+                    logging::debug(format!(
+                        "address of offset {} in pool {} is reserved as {name} (by a racer); planning around it",
+                        holder.offset, update.pool.name
+                    ));
                     lock(&self.reserved).entry(update.pool.name.clone()).or_default().insert(holder.offset);
                     self.reuse_reads.store(true, Ordering::Relaxed);
                     self.races_lost.fetch_add(1, Ordering::Relaxed);
@@ -664,7 +673,10 @@ impl Datastore for KubernetesStore {
             // An identity from an older deploy/rbac.yaml (no `list`): the DEL still
             // frees every reservation its pool entries lead to.
             Reply::Status(s) if s.code == 403 => {
-                logging::error(format!("{}; reservations left by failed ADDs stay, nothing else frees them (grant `list` on overlappingrangeipreservations, see deploy/rbac.yaml)", self.status_error(&s, &action)));
+                logging::error(format!(
+                    "{}; reservations left by failed ADDs stay, nothing else frees them (grant `list` on overlappingrangeipreservations, see deploy/rbac.yaml)",
+                    self.status_error(&s, &action)
+                ));
                 HashMap::new()
             }
             Reply::Status(s) => return Err(self.status_error(&s, &action)),

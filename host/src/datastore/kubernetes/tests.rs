@@ -55,7 +55,11 @@ fn deadline() -> Instant {
 }
 
 fn add(id: &PoolId, expected: &str, name: &str, a: &Allocation) -> PoolUpdate {
-    PoolUpdate { pool: id.clone(), expected: Version(expected.into()), changes: vec![Change::Reserve { name: name.into(), holder: a.clone() }, Change::Insert(a.clone())] }
+    PoolUpdate {
+        pool: id.clone(),
+        expected: Version(expected.into()),
+        changes: vec![Change::Reserve { name: name.into(), holder: a.clone() }, Change::Insert(a.clone())],
+    }
 }
 
 fn uid_precondition(uid: &str) -> Value {
@@ -65,7 +69,8 @@ fn uid_precondition(uid: &str) -> Value {
 #[test]
 fn add_reads_reserves_then_writes_the_pool() {
     let (p, absent) = (pool("192.0.2.0/24"), pool("198.51.100.0/24"));
-    let (s, log, script) = store("ns", vec![listed(&p, "10", "12", json!({"1": entry("c1", "a")})), empty_list("12"), created("u2"), created("u3"), ok(), ok()]);
+    let (s, log, script) =
+        store("ns", vec![listed(&p, "10", "12", json!({"1": entry("c1", "a")})), empty_list("12"), created("u2"), created("u3"), ok(), ok()]);
     let loaded = s.load(&p).unwrap();
     assert_eq!((loaded.version, loaded.entries), (Version("10".into()), vec![alloc(1, "c1", "a")]));
     assert_eq!(s.load(&absent).unwrap(), Pool::default());
@@ -162,7 +167,14 @@ fn add_after_a_lost_reservation_race_plans_again_on_the_same_read() {
     let post = format!("POST {API}/overlappingrangeipreservations");
     assert_eq!(
         log.lines(),
-        [format!("GET {}", list_path(&p)), post.clone(), format!("GET {API}/overlappingrangeipreservations/192.0.2.1"), post.clone(), post, format!("PATCH {API}/ippools/192.0.2.0-24")]
+        [
+            format!("GET {}", list_path(&p)),
+            post.clone(),
+            format!("GET {API}/overlappingrangeipreservations/192.0.2.1"),
+            post.clone(),
+            post,
+            format!("PATCH {API}/ippools/192.0.2.0-24")
+        ]
     );
 }
 
@@ -171,7 +183,14 @@ fn an_older_reservation_is_an_overlapping_range_and_another_containers_is_not_ad
     let p = pool("192.0.2.0/24");
     let a = alloc(1, "c2", "a");
     // Older than the read (8 <= 12): an overlapping range holds it.
-    let (s, log, script) = store("ns", vec![listed(&p, "10", "12", json!({})), Answer::Status(409, "AlreadyExists", Value::Null), Answer::Ok(reservation("192.0.2.1", "u9", "8", &alloc(1, "c9", "z")))]);
+    let (s, log, script) = store(
+        "ns",
+        vec![
+            listed(&p, "10", "12", json!({})),
+            Answer::Status(409, "AlreadyExists", Value::Null),
+            Answer::Ok(reservation("192.0.2.1", "u9", "8", &alloc(1, "c9", "z"))),
+        ],
+    );
     s.load(&p).unwrap();
     assert!(matches!(s.commit(&[add(&p, "10", "192.0.2.1", &a)], deadline()), Err(DatastoreError::Reserved { .. })));
     // Same pod and interface, but made by its old container c1: that
@@ -213,7 +232,10 @@ fn a_failing_later_pool_rolls_back_the_earlier_one_and_frees_the_reservations() 
     s.load(&p6).unwrap();
     let e = s.commit(&[add(&p4, "10", "192.0.2.1", &a4), add(&p6, "11", "2001-db8--1", &a6)], deadline()).unwrap_err();
     assert!(matches!(e, DatastoreError::Denied { .. }), "{e}");
-    assert_eq!(log.lines()[4..7], [format!("PATCH {API}/ippools/192.0.2.0-24"), format!("PATCH {API}/ippools/2001-db8---64"), format!("PATCH {API}/ippools/192.0.2.0-24")]);
+    assert_eq!(
+        log.lines()[4..7],
+        [format!("PATCH {API}/ippools/192.0.2.0-24"), format!("PATCH {API}/ippools/2001-db8---64"), format!("PATCH {API}/ippools/192.0.2.0-24")]
+    );
     // The rollback removes only the entry written, if it is still exactly that.
     assert_eq!(log.body(6), json!([{"op": "test", "path": "/spec/allocations/1", "value": entry("c1", "a")}, {"op": "remove", "path": "/spec/allocations/1"}]));
     // Then both reservations go (in no particular order), each only as created.

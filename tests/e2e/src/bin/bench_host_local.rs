@@ -66,11 +66,7 @@ fn version_cost(bin: &Path, n: usize) -> Duration {
     let mut v: Vec<Duration> = (0..n)
         .map(|_| {
             let t = Instant::now();
-            let o = std::process::Command::new(bin)
-                .env_clear()
-                .env("CNI_COMMAND", "VERSION")
-                .output()
-                .unwrap();
+            let o = std::process::Command::new(bin).env_clear().env("CNI_COMMAND", "VERSION").output().unwrap();
             assert!(o.status.success());
             t.elapsed()
         })
@@ -86,11 +82,7 @@ fn fs_type(p: &Path) -> String {
         .arg(p)
         .output()
         .ok()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .trim()
-                .replace("ext2/ext3", "ext2/3/4")
-        })
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().replace("ext2/ext3", "ext2/3/4"))
         .unwrap_or_else(|| "?".into())
 }
 
@@ -112,10 +104,7 @@ fn main() {
                 i += 1;
             }
             "--prefill" => {
-                prefills = args[i + 1]
-                    .split(',')
-                    .map(|s| s.parse().expect("--prefill K[,K]"))
-                    .collect();
+                prefills = args[i + 1].split(',').map(|s| s.parse().expect("--prefill K[,K]")).collect();
                 i += 1;
             }
             "--also" => {
@@ -133,84 +122,44 @@ fn main() {
                 i += 1;
             }
             "--concurrency" => {
-                let v: Vec<usize> = args[i + 1]
-                    .split(',')
-                    .map(|s| s.parse().expect("--concurrency W,M"))
-                    .collect();
+                let v: Vec<usize> = args[i + 1].split(',').map(|s| s.parse().expect("--concurrency W,M")).collect();
                 conc = (v[0], *v.get(1).unwrap_or(&15));
                 assert!(conc.0 * conc.1 <= 253, "--concurrency W,M: W x M = {} addresses live at once do not fit 192.0.2.0/24 (253)", conc.0 * conc.1);
                 i += 1;
             }
             "-h" | "--help" => {
-                println!(
-                    "usage: bench_host_local [--rounds N] [--prefill K[,K2...]] [--base DIR[,DIR2...]] [--concurrency W,M] [--also NAME=BIN,...]"
-                );
+                println!("usage: bench_host_local [--rounds N] [--prefill K[,K2...]] [--base DIR[,DIR2...]] [--concurrency W,M] [--also NAME=BIN,...]");
                 return;
             }
             other => panic!("unknown argument {other}"),
         }
         i += 1;
     }
-    assert!(
-        Path::new(HOST_LOCAL).is_file(),
-        "{HOST_LOCAL} missing: apt-get install -y containernetworking-plugins"
-    );
+    assert!(Path::new(HOST_LOCAL).is_file(), "{HOST_LOCAL} missing: apt-get install -y containernetworking-plugins");
     let thab = thereabouts_bin();
     let size = std::fs::metadata(&thab).unwrap().len();
     let hl_size = std::fs::metadata(HOST_LOCAL).unwrap().len();
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
 
-    println!(
-        "# thereabouts vs host-local: whole-process CNI ADD + DEL, dual-stack (192.0.2.0/24 + 2001:db8::/64), cniVersion 1.0.0"
-    );
-    println!(
-        "thereabouts binary: {} ({} bytes = {:.2} MiB)",
-        thab.display(),
-        size,
-        size as f64 / 1048576.0
-    );
-    println!(
-        "host-local binary:  {HOST_LOCAL} ({} bytes = {:.2} MiB)",
-        hl_size,
-        hl_size as f64 / 1048576.0
-    );
-    println!(
-        "machine: {cpus} CPU(s) visible; {rounds} interleaved rounds per scenario (order alternates each round), 10 warm-up rounds"
-    );
+    println!("# thereabouts vs host-local: whole-process CNI ADD + DEL, dual-stack (192.0.2.0/24 + 2001:db8::/64), cniVersion 1.0.0");
+    println!("thereabouts binary: {} ({} bytes = {:.2} MiB)", thab.display(), size, size as f64 / 1048576.0);
+    println!("host-local binary:  {HOST_LOCAL} ({} bytes = {:.2} MiB)", hl_size, hl_size as f64 / 1048576.0);
+    println!("machine: {cpus} CPU(s) visible; {rounds} interleaved rounds per scenario (order alternates each round), 10 warm-up rounds");
     for (name, bin) in &also {
         let size = std::fs::metadata(bin).unwrap().len();
         println!("{name} binary: {} ({size} bytes = {:.2} MiB)", bin.display(), size as f64 / 1048576.0);
     }
-    let (vt, vh) = (
-        version_cost(&thab, 50),
-        version_cost(Path::new(HOST_LOCAL), 50),
-    );
-    println!(
-        "process floor (CNI_COMMAND=VERSION, median of 50): thereabouts {}, host-local {}",
-        ms(vt),
-        ms(vh)
-    );
+    let (vt, vh) = (version_cost(&thab, 50), version_cost(Path::new(HOST_LOCAL), 50));
+    println!("process floor (CNI_COMMAND=VERSION, median of 50): thereabouts {}, host-local {}", ms(vt), ms(vh));
     for (name, bin) in &also {
         println!("process floor of {name}: {}", ms(version_cost(bin, 50)));
     }
 
-    for (base, &prefill) in bases
-        .iter()
-        .flat_map(|b| prefills.iter().map(move |p| (b, p)))
-    {
+    for (base, &prefill) in bases.iter().flat_map(|b| prefills.iter().map(move |p| (b, p))) {
         let tmp = TempDir::new_in(base, "bench");
         let thab_dir = tmp.sub("thereabouts");
         let hl_dir = tmp.sub("host-local");
-        let thab_conf = thereabouts_conf(
-            "1.0.0",
-            "thab-bench",
-            &thab_dir,
-            None,
-            &["192.0.2.0/24", "2001:db8::/64"],
-        )
-        .to_string();
+        let thab_conf = thereabouts_conf("1.0.0", "thab-bench", &thab_dir, None, &["192.0.2.0/24", "2001:db8::/64"]).to_string();
         let hl_conf = json!({
             "cniVersion": "1.0.0", "name": "thab-bench", "type": "thab-e2e",
             "ipam": {"type": "host-local", "dataDir": hl_dir.to_str().unwrap(),
@@ -218,22 +167,8 @@ fn main() {
         })
         .to_string();
         let mut sides = vec![
-            Side {
-                name: "thereabouts".into(),
-                bin: thab.clone(),
-                conf: thab_conf,
-                add: vec![],
-                del: vec![],
-                both: vec![],
-            },
-            Side {
-                name: "host-local".into(),
-                bin: HOST_LOCAL.into(),
-                conf: hl_conf,
-                add: vec![],
-                del: vec![],
-                both: vec![],
-            },
+            Side { name: "thereabouts".into(), bin: thab.clone(), conf: thab_conf, add: vec![], del: vec![], both: vec![] },
+            Side { name: "host-local".into(), bin: HOST_LOCAL.into(), conf: hl_conf, add: vec![], del: vec![], both: vec![] },
         ];
         for (name, bin) in &also {
             let dir = tmp.sub(name);
@@ -257,15 +192,8 @@ fn main() {
             }
         }
         println!();
-        println!(
-            "## scenario: data dirs under {} ({}), {prefill} live allocations per pool before measuring",
-            base.display(),
-            fs_type(base)
-        );
-        println!(
-            "{:<12} {:>22} {:>22} {:>22}",
-            "", "ADD median / p90", "DEL median / p90", "ADD+DEL median / p90"
-        );
+        println!("## scenario: data dirs under {} ({}), {prefill} live allocations per pool before measuring", base.display(), fs_type(base));
+        println!("{:<12} {:>22} {:>22} {:>22}", "", "ADD median / p90", "DEL median / p90", "ADD+DEL median / p90");
         for s in &sides {
             let (a50, a90) = stats(&s.add);
             let (d50, d90) = stats(&s.del);
@@ -282,11 +210,7 @@ fn main() {
             let r = |f: fn(&Side) -> &Vec<Duration>, p: usize| {
                 let (t50, t90) = stats(f(&sides[k]));
                 let (h50, h90) = stats(f(&sides[1]));
-                if p == 50 {
-                    t50.as_secs_f64() / h50.as_secs_f64()
-                } else {
-                    t90.as_secs_f64() / h90.as_secs_f64()
-                }
+                if p == 50 { t50.as_secs_f64() / h50.as_secs_f64() } else { t90.as_secs_f64() / h90.as_secs_f64() }
             };
             println!(
                 "ratio {}/host-local: ADD {:.2}x, DEL {:.2}x, ADD+DEL {:.2}x (medians); ADD+DEL p90 {:.2}x  [target <= 0.50x]",
@@ -307,15 +231,7 @@ fn main() {
 fn fan(side: &Side, cmd: &str, w: usize, m: usize) -> (Duration, Vec<Duration>) {
     let t = Instant::now();
     let mut all: Vec<Duration> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..w)
-            .map(|k| {
-                s.spawn(move || {
-                    (0..m)
-                        .map(|j| side.call(cmd, &format!("c-{k}-{j}")))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
+        let hs: Vec<_> = (0..w).map(|k| s.spawn(move || (0..m).map(|j| side.call(cmd, &format!("c-{k}-{j}"))).collect::<Vec<_>>())).collect();
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
     let wall = t.elapsed();
@@ -330,7 +246,14 @@ fn concurrent(thab: &Path, w: usize, m: usize, base: &Path) {
     let thab_dir = tmp.sub("thereabouts");
     let hl_dir = tmp.sub("host-local");
     let sides = [
-        Side { name: "thereabouts".into(), bin: thab.into(), conf: thereabouts_conf("1.0.0", "thab-bench", &thab_dir, None, &[v4, v6]).to_string(), add: vec![], del: vec![], both: vec![] },
+        Side {
+            name: "thereabouts".into(),
+            bin: thab.into(),
+            conf: thereabouts_conf("1.0.0", "thab-bench", &thab_dir, None, &[v4, v6]).to_string(),
+            add: vec![],
+            del: vec![],
+            both: vec![],
+        },
         Side {
             name: "host-local".into(),
             bin: HOST_LOCAL.into(),
@@ -350,29 +273,12 @@ fn concurrent(thab: &Path, w: usize, m: usize, base: &Path) {
         base.display(),
         fs_type(base)
     );
-    println!(
-        "{:<12} {:>8} {:>8} {:>38} {:>38}",
-        "", "ADD/s", "DEL/s", "ADD median / p90 / max", "DEL median / p90 / max"
-    );
+    println!("{:<12} {:>8} {:>8} {:>38} {:>38}", "", "ADD/s", "DEL/s", "ADD median / p90 / max", "DEL median / p90 / max");
     for side in &sides {
         let (aw, a) = fan(side, "ADD", w, m);
         let (dw, d) = fan(side, "DEL", w, m);
         let n = (w * m) as f64;
-        let f = |v: &[Duration]| {
-            format!(
-                "{} / {} / {}",
-                ms(percentile(v, 50.0)),
-                ms(percentile(v, 90.0)),
-                ms(*v.last().unwrap())
-            )
-        };
-        println!(
-            "{:<12} {:>8.1} {:>8.1} {:>38} {:>38}",
-            side.name,
-            n / aw.as_secs_f64(),
-            n / dw.as_secs_f64(),
-            f(&a),
-            f(&d)
-        );
+        let f = |v: &[Duration]| format!("{} / {} / {}", ms(percentile(v, 50.0)), ms(percentile(v, 90.0)), ms(*v.last().unwrap()));
+        println!("{:<12} {:>8.1} {:>8.1} {:>38} {:>38}", side.name, n / aw.as_secs_f64(), n / dw.as_secs_f64(), f(&a), f(&d));
     }
 }

@@ -39,10 +39,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
-use thereabouts_k8s_harness::burst::{
-    Invocation, address, log_path, ms, per_call, percentile, process_cpu, run_one,
-};
 use thereabouts_k8s_harness::bench::Runner;
+use thereabouts_k8s_harness::burst::{Invocation, address, log_path, ms, per_call, percentile, process_cpu, run_one};
 use thereabouts_k8s_harness::etcd::{Etcd, GrpcCounts, etcd_conf};
 use thereabouts_k8s_harness::plugin::with_debug_log;
 
@@ -248,7 +246,9 @@ fn main() -> Result<()> {
         options.timeout.as_millis()
     );
     println!();
-    println!("| phase | calls | wall | calls/s | p50 | p90 | p99 | max | etcd requests / call | commit txns / call | re-plans / call | CPU / call: plugin, etcd | failed |");
+    println!(
+        "| phase | calls | wall | calls/s | p50 | p90 | p99 | max | etcd requests / call | commit txns / call | re-plans / call | CPU / call: plugin, etcd | failed |"
+    );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for p in table.iter().chain(&rounds) {
         let requests = match &p.requests {

@@ -54,8 +54,7 @@ use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::Cluster;
 use thereabouts_k8s_harness::bench::Runner;
 use thereabouts_k8s_harness::burst::{
-    Invocation, Metrics, RequestCounts, address, log_path, ms, per_call, percentile, pool_entries,
-    process_cpu, reservations_in, run_one,
+    Invocation, Metrics, RequestCounts, address, log_path, ms, per_call, percentile, pool_entries, process_cpu, reservations_in, run_one,
 };
 use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf, with_debug_log};
 
@@ -71,14 +70,7 @@ struct Options {
 }
 
 fn parse_options() -> Result<Options> {
-    let mut o = Options {
-        pods: 200,
-        rounds: 3,
-        sequential: 20,
-        timeout: Duration::from_secs(120),
-        dump_metrics: None,
-        flowcontrol: true,
-    };
+    let mut o = Options { pods: 200, rounds: 3, sequential: 20, timeout: Duration::from_secs(120), dump_metrics: None, flowcontrol: true };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -97,18 +89,14 @@ fn parse_options() -> Result<Options> {
         }
         let value = match inline {
             Some(v) => v,
-            None => args
-                .next()
-                .with_context(|| format!("{name} needs a value"))?,
+            None => args.next().with_context(|| format!("{name} needs a value"))?,
         };
         if name == "--dump-metrics" {
             std::fs::create_dir_all(&value).with_context(|| format!("creating {value}"))?;
             o.dump_metrics = Some(value.into());
             continue;
         }
-        let number: u64 = value
-            .parse()
-            .with_context(|| format!("{name} {value}: not a number"))?;
+        let number: u64 = value.parse().with_context(|| format!("{name} {value}: not a number"))?;
         match name.as_str() {
             "--pods" => o.pods = number as usize,
             "--rounds" => o.rounds = number as usize,
@@ -156,17 +144,11 @@ type Phase = thereabouts_k8s_harness::bench::Phase<RequestCounts>;
 
 impl Bench {
     fn pools(&self) -> Vec<(String, String)> {
-        self.ranges
-            .iter()
-            .map(|r| (r.replace([':', '/'], "-"), r.clone()))
-            .collect()
+        self.ranges.iter().map(|r| (r.replace([':', '/'], "-"), r.clone())).collect()
     }
 
     fn invocation(&self, command: &str, cid: &str, pod: &str) -> Invocation {
-        let log = log_path(
-            self.logs.path(),
-            &format!("{}-{cid}", command.to_lowercase()),
-        );
+        let log = log_path(self.logs.path(), &format!("{}-{cid}", command.to_lowercase()));
         let stdin = with_debug_log(self.conf.clone(), &log).to_string();
         Invocation::new(Call::pod(command, cid, pod), stdin).budget(self.timeout)
     }
@@ -188,10 +170,7 @@ impl Bench {
         if let Some(dir) = &self.dump_metrics {
             let n = self.dumps.get() + 1;
             self.dumps.set(n);
-            let file: String = label
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-                .collect();
+            let file: String = label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
             let path = dir.join(format!("{n:02}-{file}.prom"));
             if let Err(e) = std::fs::write(&path, &text) {
                 eprintln!("bench: writing {}: {e}", path.display());
@@ -201,31 +180,10 @@ impl Bench {
     }
 
     /// Runs `pods` one after another (`concurrent` false) or all at once.
-    fn phase(
-        &self,
-        name: &str,
-        command: &str,
-        pods: &[(String, String)],
-        concurrent: bool,
-    ) -> (Phase, Vec<Outcome>) {
-        let invocations: Vec<Invocation> = pods
-            .iter()
-            .map(|(cid, pod)| self.invocation(command, cid, pod))
-            .collect();
-        let server_cpu = || {
-            self.cluster
-                .pids()
-                .into_iter()
-                .map(process_cpu)
-                .sum::<Duration>()
-        };
-        let runner = Runner {
-            bin: &self.bin,
-            watchdog: self.watchdog,
-            logs: self.logs.path(),
-            scrape: &|label| self.scrape(label),
-            server_cpu: &server_cpu,
-        };
+    fn phase(&self, name: &str, command: &str, pods: &[(String, String)], concurrent: bool) -> (Phase, Vec<Outcome>) {
+        let invocations: Vec<Invocation> = pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod)).collect();
+        let server_cpu = || self.cluster.pids().into_iter().map(process_cpu).sum::<Duration>();
+        let runner = Runner { bin: &self.bin, watchdog: self.watchdog, logs: self.logs.path(), scrape: &|label| self.scrape(label), server_cpu: &server_cpu };
         runner.phase(name, command, &invocations, concurrent)
     }
 
@@ -274,9 +232,7 @@ fn main() -> Result<()> {
     let bin = thereabouts_bin();
     let t0 = Instant::now();
     let cluster = Cluster::start().context("starting etcd + kube-apiserver")?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         cluster.install_crds().await?;
         cluster.install_rbac().await?;
@@ -285,10 +241,7 @@ fn main() -> Result<()> {
         }
         anyhow::Ok(())
     })?;
-    eprintln!(
-        "bench: deploy/flowcontrol.yaml {}",
-        if options.flowcontrol { "applied" } else { "NOT applied (--without-flowcontrol)" }
-    );
+    eprintln!("bench: deploy/flowcontrol.yaml {}", if options.flowcontrol { "applied" } else { "NOT applied (--without-flowcontrol)" });
     eprintln!("bench: control plane ready in {:.1?}", t0.elapsed());
     let metrics = match Metrics::admin(&cluster).and_then(|m| m.requests().map(|_| m)) {
         Ok(m) => Some(m),
@@ -297,10 +250,7 @@ fn main() -> Result<()> {
             None
         }
     };
-    let ranges = vec![
-        ipv4_range(options.pods.max(options.sequential) + 1)?,
-        "2001:db8:90::/64".to_string(),
-    ];
+    let ranges = vec![ipv4_range(options.pods.max(options.sequential) + 1)?, "2001:db8:90::/64".to_string()];
     let range_refs: Vec<&str> = ranges.iter().map(String::as_str).collect();
     let bench = Bench {
         objects: Objects::admin(&cluster)?,
@@ -317,28 +267,18 @@ fn main() -> Result<()> {
     };
 
     // Warm-up: the pools exist from here on (a running cluster's state).
-    let warm = run_one(
-        &bench.bin,
-        &bench.invocation("ADD", "cid-warm", "warm"),
-        bench.watchdog,
-    );
+    let warm = run_one(&bench.bin, &bench.invocation("ADD", "cid-warm", "warm"), bench.watchdog);
     if !warm.ok() {
         bail!("warm-up ADD failed: {}", warm.describe());
     }
-    let warm_del = run_one(
-        &bench.bin,
-        &bench.invocation("DEL", "cid-warm", "warm"),
-        bench.watchdog,
-    );
+    let warm_del = run_one(&bench.bin, &bench.invocation("DEL", "cid-warm", "warm"), bench.watchdog);
     if !warm_del.ok() {
         bail!("warm-up DEL failed: {}", warm_del.describe());
     }
 
     let mut phases: Vec<Phase> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
-    let sequential: Vec<(String, String)> = (0..options.sequential)
-        .map(|i| (format!("cid-seq-{i:03}"), format!("seq-{i:03}")))
-        .collect();
+    let sequential: Vec<(String, String)> = (0..options.sequential).map(|i| (format!("cid-seq-{i:03}"), format!("seq-{i:03}"))).collect();
     if !sequential.is_empty() {
         let (p, outcomes) = bench.phase("uncontended ADD (sequential)", "ADD", &sequential, false);
         if let Err(e) = bench.check_added(&outcomes, sequential.len() - p.failed) {
@@ -355,20 +295,8 @@ fn main() -> Result<()> {
     let mut burst_adds = Vec::new();
     let mut burst_dels = Vec::new();
     for round in 1..=options.rounds {
-        let pods: Vec<(String, String)> = (0..options.pods)
-            .map(|i| {
-                (
-                    format!("cid-r{round}-{i:04}"),
-                    format!("burst-r{round}-{i:04}"),
-                )
-            })
-            .collect();
-        let (p, outcomes) = bench.phase(
-            &format!("burst ADD ({} concurrent), round {round}", options.pods),
-            "ADD",
-            &pods,
-            true,
-        );
+        let pods: Vec<(String, String)> = (0..options.pods).map(|i| (format!("cid-r{round}-{i:04}"), format!("burst-r{round}-{i:04}"))).collect();
+        let (p, outcomes) = bench.phase(&format!("burst ADD ({} concurrent), round {round}", options.pods), "ADD", &pods, true);
         if let Err(e) = bench.check_added(&outcomes, pods.len() - p.failed) {
             problems.push(format!("{}: {e:#}", p.name));
         }
@@ -377,21 +305,14 @@ fn main() -> Result<()> {
             // What one ADD and one DEL cost once the pools are full of entries:
             // the apiserver decodes, validates and re-encodes the whole object
             // for every write, so a write's price grows with the pool.
-            let extra: Vec<(String, String)> = (0..options.sequential)
-                .map(|i| (format!("cid-full-{i:03}"), format!("full-{i:03}")))
-                .collect();
+            let extra: Vec<(String, String)> = (0..options.sequential).map(|i| (format!("cid-full-{i:03}"), format!("full-{i:03}"))).collect();
             let held = options.pods;
             let (p, _) = bench.phase(&format!("uncontended ADD (sequential), pools at {held} entries"), "ADD", &extra, false);
             phases.push(p);
             let (p, _) = bench.phase(&format!("uncontended DEL (sequential), pools at {held} entries"), "DEL", &extra, false);
             phases.push(p);
         }
-        let (p, _) = bench.phase(
-            &format!("burst DEL ({} concurrent), round {round}", options.pods),
-            "DEL",
-            &pods,
-            true,
-        );
+        let (p, _) = bench.phase(&format!("burst DEL ({} concurrent), round {round}", options.pods), "DEL", &pods, true);
         if let Err(e) = bench.check_empty() {
             problems.push(format!("{}: {e:#}", p.name));
         }
@@ -400,39 +321,16 @@ fn main() -> Result<()> {
     let mut table: Vec<Phase> = Vec::new();
     table.append(&mut phases);
     if options.rounds > 1 {
-        table.push(Phase::merge(
-            &format!(
-                "burst ADD ({} concurrent), {} rounds",
-                options.pods, options.rounds
-            ),
-            &burst_adds.iter().collect::<Vec<_>>(),
-        ));
-        table.push(Phase::merge(
-            &format!(
-                "burst DEL ({} concurrent), {} rounds",
-                options.pods, options.rounds
-            ),
-            &burst_dels.iter().collect::<Vec<_>>(),
-        ));
+        table.push(Phase::merge(&format!("burst ADD ({} concurrent), {} rounds", options.pods, options.rounds), &burst_adds.iter().collect::<Vec<_>>()));
+        table.push(Phase::merge(&format!("burst DEL ({} concurrent), {} rounds", options.pods, options.rounds), &burst_dels.iter().collect::<Vec<_>>()));
     }
-    let mut rounds: Vec<Phase> = burst_adds
-        .into_iter()
-        .zip(burst_dels)
-        .flat_map(|(a, d)| [a, d])
-        .collect();
+    let mut rounds: Vec<Phase> = burst_adds.into_iter().zip(burst_dels).flat_map(|(a, d)| [a, d]).collect();
     // One round: its rows are the summary (and get the breakdowns below).
     if options.rounds == 1 {
         table.append(&mut rounds);
     }
 
-    let version = bench
-        .cluster
-        .binaries()
-        .kube_apiserver
-        .parent()
-        .and_then(|d| d.file_name())
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let version = bench.cluster.binaries().kube_apiserver.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let n_ranges = bench.ranges.len();
     println!();
@@ -479,32 +377,15 @@ fn main() -> Result<()> {
         );
     }
     println!();
-    println!(
-        "API requests per call by verb, resource and answer (apiserver_request_total), and as the plugins logged them:"
-    );
+    println!("API requests per call by verb, resource and answer (apiserver_request_total), and as the plugins logged them:");
     println!();
     for p in &table {
         let counted = match &p.requests {
-            Some(r) => r
-                .lines()
-                .iter()
-                .map(|(k, v)| format!("{k}: {}", per_call(*v, p.calls)))
-                .collect::<Vec<_>>()
-                .join(", "),
+            Some(r) => r.lines().iter().map(|(k, v)| format!("{k}: {}", per_call(*v, p.calls))).collect::<Vec<_>>().join(", "),
             None => "n/a".to_string(),
         };
-        let logged = p
-            .logs
-            .by_target
-            .iter()
-            .map(|(k, v)| format!("{k}: {}", per_call(*v as f64, p.calls)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        println!(
-            "- {}: apiserver {counted}; plugin logs {} per call ({logged})",
-            p.name,
-            per_call(p.logs.requests as f64, p.calls)
-        );
+        let logged = p.logs.by_target.iter().map(|(k, v)| format!("{k}: {}", per_call(*v as f64, p.calls))).collect::<Vec<_>>().join(", ");
+        println!("- {}: apiserver {counted}; plugin logs {} per call ({logged})", p.name, per_call(p.logs.requests as f64, p.calls));
     }
     println!();
     println!(
@@ -513,25 +394,13 @@ fn main() -> Result<()> {
     println!();
     for p in &table {
         let Some(r) = &p.requests else { continue };
-        let etcd = r
-            .etcd_lines()
-            .iter()
-            .map(|(k, v)| format!("{k}: {}", per_call(*v, p.calls)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let durations = r
-            .mean_durations()
-            .iter()
-            .map(|(k, d)| format!("{k}: {}", ms(*d)))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let etcd = r.etcd_lines().iter().map(|(k, v)| format!("{k}: {}", per_call(*v, p.calls))).collect::<Vec<_>>().join(", ");
+        let durations = r.mean_durations().iter().map(|(k, d)| format!("{k}: {}", ms(*d))).collect::<Vec<_>>().join(", ");
         println!("- {}: etcd {etcd}; mean {durations}", p.name);
     }
     if problems.is_empty() {
         println!();
-        println!(
-            "checks: every phase left one address per range and pod, no duplicate, and empty pools after the DELs"
-        );
+        println!("checks: every phase left one address per range and pod, no duplicate, and empty pools after the DELs");
         Ok(())
     } else {
         for p in &problems {
