@@ -370,7 +370,7 @@ struct RawPool {
 /// then the JSON payload; the CRC covers the version (8 bytes little-endian) and
 /// the payload. `None` when neither slot is intact, i.e. a torn file.
 pub fn newest_slot(bytes: &[u8]) -> Option<(u64, Vec<u8>)> {
-    if bytes.len() < 8192 || bytes.len() % 8192 != 0 {
+    if bytes.len() < 8192 || !bytes.len().is_multiple_of(8192) {
         return None;
     }
     let slot = bytes.len() / 2;
