@@ -496,26 +496,15 @@ fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) ->
         }
     };
     for change in changes {
+        change.apply_to(&mut stored.entries).map_err(inconsistent)?;
+        // Who created an entry: the network that inserted it, or that a new
+        // container of the pod took it over for.
         match change {
-            Change::Insert(allocation) => {
-                if stored.entries.contains_key(&allocation.offset) {
-                    return Err(inconsistent(format!("offset {} is already allocated", allocation.offset)));
-                }
-                stored.entries.insert(allocation.offset, allocation.clone());
-                record(&mut stored.created_by, allocation.offset);
-            }
+            Change::Insert(allocation) => record(&mut stored.created_by, allocation.offset),
+            Change::SetContainerId { offset, .. } => record(&mut stored.created_by, *offset),
             Change::Remove { offset } => {
-                stored.entries.remove(offset);
                 stored.created_by.remove(offset);
             }
-            Change::SetContainerId { offset, container_id } => match stored.entries.get_mut(offset) {
-                Some(entry) => {
-                    entry.container_id = container_id.clone();
-                    record(&mut stored.created_by, *offset);
-                }
-                None => return Err(inconsistent(format!("no allocation at offset {offset} to update"))),
-            },
-            // Node-local: no cluster-wide reservations to keep.
             Change::Reserve { .. } | Change::Unreserve { .. } => {}
         }
     }

@@ -80,6 +80,42 @@ pub enum Change {
     Unreserve { name: String, holder: Allocation },
 }
 
+impl Change {
+    /// What the change does to a pool's entries (by offset): the one meaning of a
+    /// change on every store, which then only encodes the result (file, etcd) or
+    /// guards it (the Kubernetes JSON patch). A change that contradicts the
+    /// entries it was planned on is an error, never skipped: every store plans
+    /// on the entries it commits against. Reservations leave the entries alone.
+    pub fn apply_to(&self, entries: &mut BTreeMap<u128, Allocation>) -> Result<(), String> {
+        match self {
+            Change::Insert(allocation) => {
+                if entries.contains_key(&allocation.offset) {
+                    return Err(format!("offset {} is already allocated", allocation.offset));
+                }
+                entries.insert(allocation.offset, allocation.clone());
+            }
+            Change::Remove { offset } => {
+                entries.remove(offset).ok_or_else(|| format!("no allocation at offset {offset} to remove"))?;
+            }
+            Change::SetContainerId { offset, container_id } => {
+                entries.get_mut(offset).ok_or_else(|| format!("no allocation at offset {offset} to update"))?.container_id = container_id.clone();
+            }
+            Change::Reserve { .. } | Change::Unreserve { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Whether the change touches the pool's entries (not only reservations).
+    pub fn touches_entries(&self) -> bool {
+        !matches!(self, Change::Reserve { .. } | Change::Unreserve { .. })
+    }
+}
+
+/// `changes` applied in order to `entries` (see [`Change::apply_to`]).
+pub fn apply_changes(entries: &mut BTreeMap<u128, Allocation>, changes: &[Change]) -> Result<(), String> {
+    changes.iter().try_for_each(|change| change.apply_to(entries))
+}
+
 /// The changes to one pool, planned on the pool as read at `expected`. How much
 /// of that read must still hold for the changes to apply is the backend's
 /// compare-and-swap (see [`Datastore::commit`]).
@@ -320,6 +356,19 @@ fn open_kubernetes(settings: &DatastoreSettings) -> Result<Box<dyn Datastore>, D
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_that_contradicts_the_entries_is_an_error_on_every_store() {
+        let a = |offset: u128, id: &str| Allocation { offset, container_id: id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into() };
+        let mut entries = BTreeMap::from([(1, a(1, "c1"))]);
+        let changes = [Change::Insert(a(2, "c2")), Change::SetContainerId { offset: 1, container_id: "c3".into() }, Change::Remove { offset: 2 }];
+        apply_changes(&mut entries, &changes).unwrap();
+        assert_eq!(entries.values().map(|e| (e.offset, e.container_id.as_str())).collect::<Vec<_>>(), [(1, "c3")]);
+        // The file store used to skip a removal of a free offset; now no store does.
+        assert!(Change::Remove { offset: 9 }.apply_to(&mut entries).unwrap_err().contains("offset 9"));
+        assert!(Change::Insert(a(1, "x")).apply_to(&mut entries).unwrap_err().contains("already allocated"));
+        assert!(Change::SetContainerId { offset: 9, container_id: "x".into() }.apply_to(&mut entries).is_err());
+    }
 
     #[test]
     fn no_silent_default_datastore() {

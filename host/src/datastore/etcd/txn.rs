@@ -14,9 +14,11 @@
 //!   only while it is still the removed entry's attachment's; absent or someone
 //!   else's, it is left alone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use super::super::{Change, PoolUpdate};
+use thereabouts_allocator::model::Allocation;
+
+use super::super::{Change, PoolUpdate, apply_changes};
 use super::layout::{EntryValue, Layout, PoolValue, ReservationValue};
 
 /// A condition the transaction needs to hold on a key.
@@ -104,26 +106,15 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
                 .cloned()
                 .ok_or_else(|| inconsistent(format!("commit against version {}, which this process did not read", update.expected.0)))?
         };
-        let mut pool_changed = false;
+        // The entries as the shared meaning of the changes leaves them; the
+        // reservation changes below become guarded writes of their own keys.
+        let mut entries: BTreeMap<u128, Allocation> = value.entries().into_iter().map(|a| (a.offset, a)).collect();
+        apply_changes(&mut entries, &update.changes).map_err(inconsistent)?;
+        let pool_changed = update.changes.iter().any(Change::touches_entries);
+        value.allocations = entries.into_values().map(|a| (a.offset, EntryValue { id: a.container_id, podref: a.pod_ref, ifname: a.ifname })).collect();
         for change in &update.changes {
             match change {
-                Change::Insert(a) => {
-                    if value.allocations.contains_key(&a.offset) {
-                        return Err(inconsistent(format!("insert at offset {}, which is taken", a.offset)));
-                    }
-                    value.allocations.insert(a.offset, EntryValue { id: a.container_id.clone(), podref: a.pod_ref.clone(), ifname: a.ifname.clone() });
-                    pool_changed = true;
-                }
-                Change::Remove { offset } => {
-                    value.allocations.remove(offset).ok_or_else(|| inconsistent(format!("removal of offset {offset}, which is free")))?;
-                    pool_changed = true;
-                }
-                Change::SetContainerId { offset, container_id } => {
-                    let entry =
-                        value.allocations.get_mut(offset).ok_or_else(|| inconsistent(format!("container ID change at offset {offset}, which is free")))?;
-                    entry.id = container_id.clone();
-                    pool_changed = true;
-                }
+                Change::Insert(_) | Change::Remove { .. } | Change::SetContainerId { .. } => {}
                 Change::Reserve { name: reservation, holder } => {
                     let key = layout.reservation_key(reservation);
                     let put = Write::Put { key: key.clone(), value: ReservationValue::of(holder).encode() };

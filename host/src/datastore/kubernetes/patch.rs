@@ -22,17 +22,23 @@
 //! `docs/datastores.md`, "Why per-entry compare-and-swap is safe".
 //! Everything else in the object is left alone.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Value, json};
 use thereabouts_allocator::model::Allocation;
 
 use super::crd::{PoolObject, allocation_value};
-use crate::datastore::Change;
+use crate::datastore::{Change, apply_changes};
 
 const ALLOCATIONS: &str = "/spec/allocations";
 
 /// The patch applying `changes` to `pool` (as read), each change guarded by a
 /// `test` of the entry it touches. Reservation changes add no operation.
 pub fn update(pool: &PoolObject, changes: &[Change]) -> Result<Value, String> {
+    // The shared meaning of the changes, on the entries as read: a change that
+    // contradicts them is refused here exactly as the other stores refuse it.
+    let mut entries: BTreeMap<u128, Allocation> = pool.entries.iter().map(|a| (a.offset, a.clone())).collect();
+    apply_changes(&mut entries, changes)?;
     let mut ops = Vec::with_capacity(changes.len() * 2 + 2);
     let inserts = changes.iter().any(|c| matches!(c, Change::Insert(_)));
     if inserts && !pool.has_allocations {
@@ -47,9 +53,6 @@ pub fn update(pool: &PoolObject, changes: &[Change]) -> Result<Value, String> {
     for change in changes {
         match change {
             Change::Insert(a) => {
-                if pool.keys.contains_key(&a.offset) {
-                    return Err(format!("offset {} is already allocated", a.offset));
-                }
                 let path = format!("{ALLOCATIONS}/{}", a.offset);
                 if let Some(alias) = negative_key(a.offset) {
                     ops.push(json!({"op": "test", "path": format!("{ALLOCATIONS}/{alias}"), "value": null}));
@@ -102,7 +105,6 @@ fn pointer_token(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     fn alloc(offset: u128, id: &str) -> Allocation {
         Allocation { offset, container_id: id.into(), pod_ref: "ns/pod".into(), ifname: "eth0".into() }
@@ -113,6 +115,7 @@ mod tests {
             resource_version: "41".into(),
             has_allocations: true,
             keys: keys.iter().map(|(o, k)| (*o, k.to_string())).collect::<BTreeMap<_, _>>(),
+            entries: keys.iter().map(|(o, _)| alloc(*o, &format!("id-{o}"))).collect(),
             ..PoolObject::default()
         }
     }
