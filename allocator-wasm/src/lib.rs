@@ -4,6 +4,7 @@
 //! WebAssembly component with zero imports (see `wit/ipam.wit`; the export layer
 //! is the `thereabouts-allocator-component` crate in `component/`).
 
+pub mod attachment;
 pub mod cni_args;
 pub mod config;
 pub mod error;

@@ -80,6 +80,13 @@ pub struct Allocation {
     pub ifname: String,
 }
 
+impl Allocation {
+    /// Its attachment, for [`crate::attachment::same_attachment`].
+    pub fn holder(&self) -> crate::attachment::Holder<'_> {
+        crate::attachment::Holder { container_id: &self.container_id, pod_ref: &self.pod_ref, ifname: &self.ifname }
+    }
+}
+
 /// The entries of a pool as planning one range sees them (see `pool-state` in
 /// the WIT, which adds the pool's name). Offsets are split at 2^64 the way they
 /// cross the component boundary, so the common case (every offset below 2^64) is

@@ -14,6 +14,7 @@
 
 use std::net::IpAddr;
 
+use crate::attachment::{Holder, Ifname, same_attachment};
 use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, parse_ip_strict, to_u128};
 use crate::model::{
     Allocation, Assignment, Attachment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, PreviewFailure, PreviewTable,
@@ -173,10 +174,9 @@ pub fn exhausted_message(range: &NormalizedRange) -> String {
     format!("Could not allocate IP in range: ip: {} / - {} / range: {} / excludeRanges: [{}]", range.first, range.last, range.cidr, range.excludes.join(" "))
 }
 
-/// Does this held entry belong to the request? (pod-ref, ifname) like whereabouts;
-/// without a pod-ref (a runtime that is not Kubernetes), (container ID, ifname).
+/// Does this held entry belong to the request? See [`same_attachment`].
 fn is_same_attachment(entry: &Allocation, req: &Request) -> bool {
-    entry.ifname == req.ifname && if req.pod_ref.is_empty() { entry.container_id == req.container_id } else { entry.pod_ref == req.pod_ref }
+    same_attachment(entry.holder(), Holder { container_id: &req.container_id, pod_ref: &req.pod_ref, ifname: &req.ifname }, Ifname::Required)
 }
 
 /// The window grows eightfold with every conflict, up to 2^`MAX_SPREAD_BITS` =

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
+use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
 use thereabouts_allocator::model::Allocation;
 
 /// Where keys live when `etcd_prefix` is not set.
@@ -131,11 +132,11 @@ impl ReservationValue {
         serde_json::from_slice(bytes).map_err(|e| format!("not a reservation value: {e}"))
     }
 
-    /// Whether it reserves the address for `holder`'s attachment: the same pod and
-    /// interface (a re-created sandbox keeps its pod's address), or, outside
-    /// Kubernetes (no pod), the same container and interface.
+    /// Whether it reserves the address for `holder`'s attachment (see
+    /// [`same_attachment`]; thereabouts always writes the interface here).
     pub fn is_for(&self, holder: &Allocation) -> bool {
-        self.podref == holder.pod_ref && self.ifname == holder.ifname && (!self.podref.is_empty() || self.containerid == holder.container_id)
+        let recorded = Holder { container_id: &self.containerid, pod_ref: &self.podref, ifname: &self.ifname };
+        same_attachment(recorded, holder.holder(), Ifname::Required)
     }
 }
 

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
+use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
 use thereabouts_allocator::model::Allocation;
 
 pub const GROUP: &str = "whereabouts.cni.cncf.io";
@@ -202,14 +203,11 @@ pub fn parse_reservation(object: &Value) -> ReservationObject {
 }
 
 impl ReservationObject {
-    /// Whether the reservation belongs to `holder`'s attachment: same pod and
-    /// interface (whereabouts' identity), or same container outside Kubernetes.
-    /// Reservations written before whereabouts v0.8.0 carry no interface; they
-    /// match any interface of the pod.
+    /// Whether the reservation belongs to `holder`'s attachment (see
+    /// [`same_attachment`]); whereabouts before v0.8.0 wrote no interface.
     pub fn is_held_by(&self, holder: &Allocation) -> bool {
-        let same_pod =
-            if holder.pod_ref.is_empty() { !self.containerid.is_empty() && self.containerid == holder.container_id } else { self.podref == holder.pod_ref };
-        same_pod && (self.ifname.is_empty() || self.ifname == holder.ifname)
+        let recorded = Holder { container_id: &self.containerid, pod_ref: &self.podref, ifname: &self.ifname };
+        same_attachment(recorded, holder.holder(), Ifname::MayBeMissing)
     }
 
     /// Whether an ADD planning a fresh entry for `holder` may take this existing
