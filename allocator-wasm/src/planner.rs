@@ -365,8 +365,7 @@ fn ranges_overlap(ranges: &[NormalizedRange]) -> bool {
 
 /// The entries of pool `pool_name` a DEL of `attachments` removes: those whose
 /// container ID and ifname both match one of them, with their reservation names.
-pub fn release(config: &NormalizedConfig, pool_name: &str, allocations: &[Allocation], attachments: &[Attachment]) -> Vec<Released> {
-    let range = config.ranges.iter().find(|r| r.pool_name == pool_name);
+pub fn release(range: &NormalizedRange, network_name: &str, allocations: &[Allocation], attachments: &[Attachment]) -> Vec<Released> {
     // DEL and CHECK ask about one attachment, GC about every stale one: a set then.
     let many: std::collections::HashSet<(&str, &str)> =
         if attachments.len() > 1 { attachments.iter().map(|who| (who.container_id.as_str(), who.ifname.as_str())).collect() } else { Default::default() };
@@ -378,10 +377,7 @@ pub fn release(config: &NormalizedConfig, pool_name: &str, allocations: &[Alloca
         .iter()
         .enumerate()
         .filter(|(_, a)| wanted(a))
-        .map(|(i, a)| Released {
-            index: i as u32,
-            reservation: range.and_then(|r| address_at(r, a.offset)).map(|ip| reservation_name_of(&format_ip(ip), &config.network_name)),
-        })
+        .map(|(i, a)| Released { index: i as u32, reservation: address_at(range, a.offset).map(|ip| reservation_name_of(&format_ip(ip), network_name)) })
         .collect()
 }
 

@@ -181,7 +181,7 @@ proptest! {
         }
         for &victim in &churn {
             let who = Attachment { container_id: format!("c{victim}"), ifname: "eth0".into() };
-            let gone: Vec<u32> = thereabouts_allocator::release(&config, &r.pool_name, &entries, &[who]).into_iter().map(|g| g.index).collect();
+            let gone: Vec<u32> = thereabouts_allocator::release(r, &config.network_name, &entries, &[who]).into_iter().map(|g| g.index).collect();
             for i in gone.into_iter().rev() { entries.remove(i as usize); }
             add(&mut entries, victim + 1000);
         }

@@ -108,15 +108,16 @@ impl EngineComponent {
 
     pub fn release(
         &mut self,
-        config: &model::NormalizedConfig,
-        pool: &str,
+        range: &model::NormalizedRange,
+        network_name: &str,
         allocations: &[model::Allocation],
         attachments: &[model::Attachment],
     ) -> Result<Vec<model::Released>> {
         let api = self.instance.thereabouts_ipam_engine();
         let allocations: Vec<_> = allocations.iter().map(allocation_to_wit).collect();
         let attachments: Vec<_> = attachments.iter().map(attachment_to_wit).collect();
-        let out = api.call_release(&mut self.store, &config_to_wit(config), pool, &allocations, &attachments)?.map_err(error_from_wit).map_err(inconsistent)?;
+        let out =
+            api.call_release(&mut self.store, &range_to_wit(range), network_name, &allocations, &attachments)?.map_err(error_from_wit).map_err(inconsistent)?;
         Ok(out.into_iter().map(released_from_wit).collect())
     }
 

@@ -260,8 +260,9 @@ fn release_in(
     changes: &mut Changes,
     mut each: impl FnMut(&Allocation),
 ) -> Result<usize, IpamError> {
+    let Some(range) = config.ranges.iter().find(|r| r.pool_name == pool.name) else { return Ok(0) };
     let mut removed = 0;
-    for released in engine.release(config, &pool.name, entries, attachments).map_err(EngineFailure)? {
+    for released in engine.release(range, &config.network_name, entries, attachments).map_err(EngineFailure)? {
         let Some(entry) = entries.get(released.index as usize) else { continue };
         changes.push(pool.clone(), Change::Remove { offset: entry.offset });
         if reserving && let Some(name) = released.reservation {
@@ -297,8 +298,12 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
                     .filter(|e| e.pod_ref == config.pod_ref && e.ifname == who.ifname && e.container_id != who.container_id)
                     .map(|e| model::Attachment { container_id: e.container_id.clone(), ifname: e.ifname.clone() })
                     .collect();
-                if !adopted.is_empty() {
-                    in_use.extend(engine.release(config, &pool.name, entries, &adopted).map_err(EngineFailure)?.into_iter().filter_map(|r| r.reservation));
+                if let Some(range) = config.ranges.iter().find(|r| r.pool_name == pool.name)
+                    && !adopted.is_empty()
+                {
+                    in_use.extend(
+                        engine.release(range, &config.network_name, entries, &adopted).map_err(EngineFailure)?.into_iter().filter_map(|r| r.reservation),
+                    );
                 }
             }
             removed += release_in(engine, config, pool, entries, &[who.into()], reserving, &mut changes, |_| ())?;
@@ -326,7 +331,7 @@ pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normal
         let entries = entries_of(&loaded, &range.pool_name);
         // Entries inside this range only: two ranges may share a pool with
         // different range_start/range_end.
-        let matching = engine.release(config, &range.pool_name, entries, &[who.into()]).map_err(EngineFailure)?;
+        let matching = engine.release(range, &config.network_name, entries, &[who.into()]).map_err(EngineFailure)?;
         found.push(
             matching.iter().filter_map(|m| entries.get(m.index as usize)).find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset).cloned(),
         );

@@ -244,7 +244,7 @@ fn add_is_idempotent_per_pod_and_interface() {
     // now names the new container.
     assert_eq!(addresses(&add(&config, "c1-new", "web-0").ok().json()), ["192.0.2.1/24", "2001:db8::1/64"]);
     let pool = pool_doc(&scratch.data(), "192.0.2.0-24");
-    assert_eq!(pool["allocations"]["1"], json!({"id": "c1-new", "podref": "default/web-0", "ifname": "eth0", "network": "testnet"}));
+    assert_eq!((&pool["network"], &pool["allocations"]["1"]), (&json!("testnet"), &json!({"id": "c1-new", "podref": "default/web-0", "ifname": "eth0"})));
     assert_eq!(pool["allocations"].as_object().unwrap().len(), 2);
     // The old container's DEL no longer matches anything.
     del(&config, "c1").ok();

@@ -119,19 +119,19 @@ fn release_through_the_component_names_the_reservations() {
         "",
     )
     .unwrap();
-    let pool = config.ranges[0].pool_name.clone();
+    let (range, net) = (&config.ranges[0], config.network_name.as_str());
     let entry = |offset, container_id: &str| native::Allocation { offset, container_id: container_id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into() };
     let entries = vec![entry(1, "a"), entry(0, "b"), entry(1 << 40, "b")];
     let who = |container_id: &str| native::Attachment { container_id: container_id.into(), ifname: "eth0".into() };
-    let released = engine.release(&config, &pool, &entries, &[who("b")]).unwrap();
-    assert_eq!(released, native::release(&config, &pool, &entries, &[who("b")]));
+    let released = engine.release(range, net, &entries, &[who("b")]).unwrap();
+    assert_eq!(released, native::release(range, net, &entries, &[who("b")]));
     // The network's own address gets the trailing `0`; an offset outside the /96 has no name.
     assert_eq!(
         released,
         [native::Released { index: 1, reservation: Some("net-2001-db8-480-603d-304-403--0".into()) }, native::Released { index: 2, reservation: None }]
     );
-    assert_eq!(engine.release(&config, &pool, &entries, &[who("a"), who("b")]).unwrap().len(), 3);
-    assert!(engine.release(&config, &pool, &entries, &[who("zzz")]).unwrap().is_empty());
+    assert_eq!(engine.release(range, net, &entries, &[who("a"), who("b")]).unwrap().len(), 3);
+    assert!(engine.release(range, net, &entries, &[who("zzz")]).unwrap().is_empty());
 }
 
 #[test]

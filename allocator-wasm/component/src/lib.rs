@@ -51,15 +51,15 @@ impl Guest for Component {
     }
 
     fn release(
-        config: wit::NormalizedConfig,
-        pool: String,
+        range: wit::NormalizedRange,
+        network_name: String,
         allocations: Vec<wit::Allocation>,
         attachments: Vec<wit::Attachment>,
     ) -> Result<Vec<wit::Released>, wit::ConfigError> {
-        let config = config_from_wit(config).map_err(error_to_wit)?;
+        let range = range_from_wit(range).map_err(error_to_wit)?;
         let allocations: Vec<_> = allocations.into_iter().map(allocation_from_wit).collect();
         let attachments: Vec<_> = attachments.into_iter().map(attachment_from_wit).collect();
-        Ok(planner::release(&config, &pool, &allocations, &attachments).into_iter().map(released_to_wit).collect())
+        Ok(planner::release(&range, &network_name, &allocations, &attachments).into_iter().map(released_to_wit).collect())
     }
 
     fn usage(config: wit::NormalizedConfig, pools: Vec<wit::PoolState>) -> Result<Vec<wit::RangeUsage>, wit::ConfigError> {
