@@ -130,6 +130,10 @@ impl Cidr {
     pub fn contains(&self, family: Family, value: u128) -> bool {
         family == self.family() && value >= self.network() && value <= self.broadcast()
     }
+    /// Whether the two networks share an address (one nests in the other).
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        self.family() == other.family() && self.network() <= other.broadcast() && other.network() <= self.broadcast()
+    }
     /// Canonical `network/prefix`, as Go's `IPNet.String()` prints it.
     pub fn network_text(&self) -> String {
         format!("{}/{}", format_ip(from_u128(self.family(), self.network())), self.prefix)

@@ -54,6 +54,23 @@ pub struct DatastoreSettings {
     pub etcd_prefix: Option<String>,
 }
 
+impl NormalizedRange {
+    /// The last address of the range's network (its broadcast address).
+    pub fn network_end(&self) -> u128 {
+        self.network | crate::ip::host_mask(self.family, self.prefix_len)
+    }
+
+    /// Whether `value`, an address of `family`, lies in the range's network.
+    pub fn network_contains(&self, family: Family, value: u128) -> bool {
+        family == self.family && value >= self.network && value <= self.network_end()
+    }
+
+    /// Whether the two ranges' networks share an address (one nests in the other).
+    pub fn shares_network_with(&self, other: &NormalizedRange) -> bool {
+        self.family == other.family && self.network <= other.network_end() && other.network <= self.network_end()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NormalizedConfig {
     pub name: String,
@@ -69,6 +86,13 @@ pub struct NormalizedConfig {
     pub log_file: Option<String>,
     pub log_level: Option<String>,
     pub configuration_path: Option<String>,
+}
+
+impl NormalizedConfig {
+    /// The first range on the pool `pool_name` (ranges on one pool share its network).
+    pub fn range_of_pool(&self, pool_name: &str) -> Option<&NormalizedRange> {
+        self.ranges.iter().find(|r| r.pool_name == pool_name)
+    }
 }
 
 /// One pool entry as a datastore holds it.

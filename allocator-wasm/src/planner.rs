@@ -251,8 +251,7 @@ fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>
     let bare = text.split_once('/').map_or(text, |(ip, _)| ip);
     let Some(ip) = parse_ip_sloppy(bare) else { return reject("not an IP address".into()) };
     let value = to_u128(ip);
-    let network_end = range.network | crate::ip::host_mask(range.family, range.prefix_len);
-    if Family::of(ip) != range.family || value < range.network || value > network_end {
+    if !range.network_contains(Family::of(ip), value) {
         return reject(format!("outside range {}", range.cidr));
     }
     let offset = value - range.network;
@@ -278,9 +277,7 @@ fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>
 /// never hands the same address out twice (same pool listed twice, or
 /// overlapping ranges).
 fn earlier_choices_in(range: &NormalizedRange, earlier: &[(Family, u128)]) -> impl Iterator<Item = u128> {
-    let network_end = range.network | crate::ip::host_mask(range.family, range.prefix_len);
-    let (family, network) = (range.family, range.network);
-    earlier.iter().filter(move |(f, v)| *f == family && *v >= network && *v <= network_end).map(move |(_, v)| v - network)
+    earlier.iter().filter(move |(f, v)| range.network_contains(*f, *v)).map(move |(_, v)| v - range.network)
 }
 
 /// Plan every range of a config. See `plan-all` in the WIT.
@@ -359,8 +356,7 @@ pub fn preview(config: &NormalizedConfig, pools: &[PoolState], pods: u32) -> Pre
 /// Whether any two ranges' networks share an address (same pool listed twice,
 /// or one range inside another).
 fn ranges_overlap(ranges: &[NormalizedRange]) -> bool {
-    let end = |r: &NormalizedRange| r.network | crate::ip::host_mask(r.family, r.prefix_len);
-    ranges.iter().enumerate().any(|(i, a)| ranges[i + 1..].iter().any(|b| a.family == b.family && a.network <= end(b) && b.network <= end(a)))
+    ranges.iter().enumerate().any(|(i, a)| ranges[i + 1..].iter().any(|b| a.shares_network_with(b)))
 }
 
 /// The entries of pool `pool_name` a DEL of `attachments` removes: those whose
@@ -389,8 +385,7 @@ pub fn address_at(range: &NormalizedRange, offset: u128) -> Option<IpAddr> {
 /// The offset of an address inside a range's network.
 pub fn offset_of(range: &NormalizedRange, ip: IpAddr) -> Option<u128> {
     let value = to_u128(ip);
-    let end = range.network | crate::ip::host_mask(range.family, range.prefix_len);
-    (Family::of(ip) == range.family && value >= range.network && value <= end).then(|| value - range.network)
+    range.network_contains(Family::of(ip), value).then(|| value - range.network)
 }
 
 #[cfg(test)]

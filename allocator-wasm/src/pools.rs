@@ -3,7 +3,6 @@
 //! holds is reserved in every other range whose network contains it. Also the
 //! usage of each range, counted the way planning counts.
 
-use crate::ip::host_mask;
 use crate::model::{NormalizedConfig, NormalizedRange, PoolSnapshot, PoolState, RangeUsage};
 
 static EMPTY: PoolSnapshot = PoolSnapshot { taken: Vec::new(), taken_wide: Vec::new(), reserved: Vec::new(), held: Vec::new() };
@@ -16,11 +15,10 @@ pub fn snapshot_of<'a>(pools: &'a [PoolState], name: &str) -> &'a PoolSnapshot {
 /// Offsets of `range`'s network that entries of the config's other pools hold:
 /// what their overlapping-range reservations would make taken in `range`.
 pub fn held_by_other_pools(config: &NormalizedConfig, pools: &[PoolState], range: &NormalizedRange) -> Vec<u128> {
-    let end = range.network | host_mask(range.family, range.prefix_len);
     let mut held = Vec::new();
     for pool in pools.iter().filter(|p| p.name != range.pool_name) {
         // A pool's network is that of the ranges it serves; one not in the config is ignored.
-        let Some(owner) = config.ranges.iter().find(|r| r.pool_name == pool.name) else { continue };
+        let Some(owner) = config.range_of_pool(&pool.name) else { continue };
         if owner.family != range.family {
             continue;
         }
@@ -28,7 +26,7 @@ pub fn held_by_other_pools(config: &NormalizedConfig, pools: &[PoolState], range
             pool.snapshot
                 .entries()
                 .filter_map(|offset| owner.network.checked_add(offset))
-                .filter(|&address| address >= range.network && address <= end)
+                .filter(|&address| range.network_contains(range.family, address))
                 .map(|address| address - range.network),
         );
     }

@@ -1,7 +1,7 @@
 //! Warnings about a valid config: what is allowed but likely a mistake. The
 //! playground shows them beside its preview; the texts name ranges 1-based.
 
-use crate::ip::{host_mask, parse_ip_sloppy};
+use crate::ip::parse_ip_sloppy;
 use crate::model::{ConfigWarning, NormalizedConfig, NormalizedRange, WarningKind};
 use crate::planner::offset_of;
 
@@ -32,8 +32,7 @@ fn overlap(config: &NormalizedConfig, (i, a): (usize, &NormalizedRange), (j, b):
         ));
     }
     // Networks either nest or are disjoint; nested ones overlap where their spans do.
-    let end = |r: &NormalizedRange| r.network | host_mask(r.family, r.prefix_len);
-    if a.network > end(b) || b.network > end(a) {
+    if !a.shares_network_with(b) {
         return None;
     }
     let (a_first, a_last) = (a.network + a.first_offset, a.network + a.last_offset);

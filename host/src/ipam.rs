@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
 
+use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
 use thereabouts_allocator::model::{
     self, Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, Request, Reservations,
 };
@@ -260,7 +261,7 @@ fn release_in(
     changes: &mut Changes,
     mut each: impl FnMut(&Allocation),
 ) -> Result<usize, IpamError> {
-    let Some(range) = config.ranges.iter().find(|r| r.pool_name == pool.name) else { return Ok(0) };
+    let Some(range) = config.range_of_pool(&pool.name) else { return Ok(0) };
     let mut removed = 0;
     for released in engine.release(range, &config.network_name, entries, attachments).map_err(EngineFailure)? {
         let Some(entry) = entries.get(released.index as usize) else { continue };
@@ -293,12 +294,13 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
         for pool in &pools {
             let entries = entries_of(&loaded, &pool.name);
             if reserving && !config.pod_ref.is_empty() {
+                let asking = Holder { container_id: who.container_id, pod_ref: &config.pod_ref, ifname: who.ifname };
                 let adopted: Vec<model::Attachment> = entries
                     .iter()
-                    .filter(|e| e.pod_ref == config.pod_ref && e.ifname == who.ifname && e.container_id != who.container_id)
+                    .filter(|e| e.container_id != who.container_id && same_attachment(e.holder(), asking, Ifname::Required))
                     .map(|e| model::Attachment { container_id: e.container_id.clone(), ifname: e.ifname.clone() })
                     .collect();
-                if let Some(range) = config.ranges.iter().find(|r| r.pool_name == pool.name)
+                if let Some(range) = config.range_of_pool(&pool.name)
                     && !adopted.is_empty()
                 {
                     in_use.extend(

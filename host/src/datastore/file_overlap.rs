@@ -51,8 +51,7 @@ impl Scoped {
 
     /// Whether `other` shares at least one address with this pool's range.
     pub fn overlaps(&self, other: &Cidr) -> bool {
-        let ours = &self.range;
-        ours.family() == other.family() && ours.network() <= other.broadcast() && other.network() <= ours.broadcast()
+        self.range.overlaps(other)
     }
 
     /// This pool's offsets of the addresses that `offsets` of the pool `other`
