@@ -141,7 +141,7 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Resu
     let config = load_config(&mut engine, path)?;
     let pools = if from_datastore {
         let store = datastore::open(&config.datastore, &config.name)?;
-        ipam::pool_states(store.as_ref(), &config)?
+        ipam::pool_states(store.as_ref(), &config, command_deadline())?
     } else {
         Vec::new()
     };
@@ -189,11 +189,16 @@ pub struct PoolUsage {
     pub pool_entries: usize,
 }
 
+/// The time a CLI command gives the datastore: a DEL's budget.
+fn command_deadline() -> std::time::Instant {
+    std::time::Instant::now() + datastore::retry::budget(datastore::retry::OTHER_BUDGET)
+}
+
 fn pools(path: &Path, output: Output) -> Result<()> {
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
     let store = datastore::open(&config.datastore, &config.name)?;
-    let usage = ipam::usage(&mut engine, store.as_ref(), &config)?;
+    let usage = ipam::usage(&mut engine, store.as_ref(), &config, command_deadline())?;
     let report = PoolsReport {
         datastore: store.describe(),
         ranges: usage

@@ -1,12 +1,13 @@
-//! The allocation cycle shared by every command and every datastore:
-//! read the pools → let the engine decide → commit all pools at once with
-//! compare-and-swap → on conflict, read again and decide again, with jittered
-//! backoff, until the call's deadline. The engine is told how many conflicts the
-//! call met (`request.contention`): racing ADDs then spread over the lowest free
-//! addresses instead of all planning the lowest one again.
+//! The allocation cycle shared by every command and every datastore, in the
+//! order host-local's `cmdAdd` reads: begin the call's transaction → load its
+//! pools → let the engine plan → commit all pools at once with compare-and-swap
+//! → on a [`Retry`], load again and plan again ([`until_committed`] holds the
+//! retry policy) until the call's deadline. The engine is told how many
+//! conflicts the call met (`request.contention`): racing ADDs then spread over
+//! the lowest free addresses instead of all planning the lowest one again.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
 use thereabouts_allocator::model::{
@@ -14,7 +15,7 @@ use thereabouts_allocator::model::{
 };
 
 use crate::component::{EngineComponent, EngineFailure};
-use crate::datastore::{Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate};
+use crate::datastore::{Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction};
 
 /// Why a command's allocation cycle failed.
 #[derive(Debug, thiserror::Error)]
@@ -49,8 +50,14 @@ fn distinct_pools(config: &NormalizedConfig) -> Vec<PoolId> {
     config.ranges.iter().map(pool_of).filter(|p| seen.insert(p.name.clone())).collect()
 }
 
-fn load_all(store: &dyn Datastore, pools: &[PoolId]) -> Result<BTreeMap<String, Pool>, IpamError> {
-    pools.iter().map(|p| Ok((p.name.clone(), store.load(p)?))).collect()
+/// The transaction's pools as loaded, by name.
+fn load_all(tx: &mut dyn Transaction, pools: &[PoolId]) -> Result<BTreeMap<String, Pool>, IpamError> {
+    Ok(pools.iter().map(|p| p.name.clone()).zip(tx.load()?).collect())
+}
+
+/// The pools as they are now, read once (no locks, no writes).
+fn read_all(store: &dyn Datastore, pools: &[PoolId], deadline: Instant) -> Result<BTreeMap<String, Pool>, IpamError> {
+    load_all(store.begin(pools, Purpose::Read, deadline)?.as_mut(), pools)
 }
 
 fn entries_of<'a>(loaded: &'a BTreeMap<String, Pool>, pool: &str) -> &'a [Allocation] {
@@ -93,69 +100,65 @@ impl Changes {
     }
 }
 
-/// Runs `attempt` until it commits, re-running it after every conflict: it reads
-/// the pools again and plans again. `attempt` gets the number of conflicts met so
-/// far (the engine's `contention`: after a lost race, contenders spread over more
-/// free addresses instead of all planning the lowest one again) and returns no
-/// updates when there is nothing to commit. However the loop ends, the store is
-/// told ([`Datastore::finish`]) so it frees what it kept for a retry.
+/// Runs one read-plan-commit cycle until it commits: `plan` gets the pools as
+/// loaded and the number of conflicts met so far (the engine's `contention`:
+/// after a lost race, contenders spread over more free addresses instead of all
+/// planning the lowest one again) and returns no updates when there is nothing
+/// to commit. The retry policy lives here alone: a [`Retry::Reserved`] is
+/// planned around at once, a [`Retry::Conflict`] after a jittered pause (the
+/// store's [`Capabilities::conflict_pauses`](crate::datastore::Capabilities)),
+/// both until the deadline.
 fn until_committed<T>(
-    store: &dyn Datastore,
+    tx: &mut dyn Transaction,
     pools: &[PoolId],
+    pauses: (Duration, Duration),
     deadline: Instant,
     what: &str,
-    attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
+    mut plan: impl FnMut(&BTreeMap<String, Pool>, u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
 ) -> Result<T, IpamError> {
-    let result = commit_loop(store, pools, deadline, what, attempt);
-    store.finish(deadline);
-    result
-}
-
-fn commit_loop<T>(
-    store: &dyn Datastore,
-    pools: &[PoolId],
-    deadline: Instant,
-    what: &str,
-    mut attempt: impl FnMut(u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
-) -> Result<T, IpamError> {
-    let (first, longest) = store.capabilities().conflict_pauses;
-    let mut backoff = crate::datastore::retry::Backoff::between(first, longest);
+    let mut backoff = crate::datastore::retry::Backoff::between(pauses.0, pauses.1);
     let mut conflicts = 0u32;
     loop {
-        // Taken anew for every attempt: a pool that did not exist at the first
-        // attempt (and so could not be locked) does after a conflict, and an attempt
-        // that keeps planning without the lock would lose to lock holders forever.
-        let queued = store.lock_for_update(pools, deadline)?;
-        let (value, updates) = attempt(conflicts)?;
+        let loaded = load_all(tx, pools)?;
+        let (value, updates) = plan(&loaded, conflicts)?;
         if updates.is_empty() {
             return Ok(value);
         }
-        match store.commit(&updates, deadline) {
-            Ok(()) => {
+        match tx.commit(&updates)? {
+            Outcome::Committed => {
                 if conflicts > 0 {
                     crate::logging::verbose(format!("{what}: committed after {conflicts} conflict(s)"));
                 }
                 return Ok(value);
             }
-            Err(DatastoreError::Reserved { pool, name }) => {
-                // Not a race: another range's reservation, recorded by the store.
-                drop(queued);
+            Outcome::Retry(Retry::Reserved { pool, name }) => {
                 crate::logging::debug(format!("{what}: address {name} of pool {pool} is reserved by an overlapping range; planning around it"));
                 if Instant::now() >= deadline {
                     return Err(DatastoreError::Timeout { what: format!("{what} (planning around reservations)") }.into());
                 }
             }
-            Err(DatastoreError::Conflict { pool }) => {
-                drop(queued); // never sleep holding other writers up
+            Outcome::Retry(Retry::Conflict { pool }) => {
                 conflicts += 1;
                 crate::logging::debug(format!("{what}: pool {pool} changed concurrently; planning again"));
                 if !backoff.pause(deadline) {
                     return Err(DatastoreError::Timeout { what: format!("{what} ({conflicts} conflicting updates)") }.into());
                 }
             }
-            Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Begins `purpose`'s transaction over `pools` and runs [`until_committed`] in it.
+fn cycle<T>(
+    store: &dyn Datastore,
+    pools: &[PoolId],
+    purpose: Purpose,
+    deadline: Instant,
+    what: &str,
+    plan: impl FnMut(&BTreeMap<String, Pool>, u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
+) -> Result<T, IpamError> {
+    let mut tx = store.begin(pools, purpose, deadline)?;
+    until_committed(tx.as_mut(), pools, store.capabilities().conflict_pauses, deadline, what, plan)
 }
 
 /// Whether this call keeps cluster-wide reservations (whereabouts'
@@ -184,13 +187,12 @@ pub fn allocate(
         Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None, contention: 0 };
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
-    until_committed(store, &pools, deadline, "ADD", |conflicts| {
+    cycle(store, &pools, Purpose::Update, deadline, "ADD", |loaded, conflicts| {
         request.contention = conflicts;
-        let loaded = load_all(store, &pools)?;
         let states: Vec<PoolState> = pools
             .iter()
             .map(|pool| {
-                let entries = entries_of(&loaded, &pool.name);
+                let entries = entries_of(loaded, &pool.name);
                 let mut state = pool_state(pool, entries);
                 // The pod's own entries, by pod-ref (or container ID outside Kubernetes):
                 // the engine decides whether one is this attachment's address to keep.
@@ -201,7 +203,7 @@ pub fn allocate(
                     .collect();
                 // Addresses an earlier attempt found reserved by an overlapping range.
                 if reserving {
-                    state.snapshot.reserved = store.reserved(pool);
+                    state.snapshot.reserved = loaded.get(&pool.name).map(|p| p.reserved.clone()).unwrap_or_default();
                 }
                 state
             })
@@ -237,7 +239,7 @@ pub fn allocate(
                 }
             }
         }
-        let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
+        let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(loaded) };
         Ok((assignments, updates))
     })
 }
@@ -280,19 +282,17 @@ fn release_in(
 pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<usize, IpamError> {
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
-    if reserving {
-        store.begin_release(who.container_id, who.ifname, deadline)?;
-    }
+    let purpose = if reserving { Purpose::Release { container_id: who.container_id, ifname: who.ifname } } else { Purpose::Update };
+    let mut tx = store.begin(&pools, purpose, deadline)?;
     // Reservations of entries this DEL leaves to a newer container of the same
     // pod (an ADD adopted them): still in use, whoever made them.
     let mut in_use = Vec::new();
-    let removed = until_committed(store, &pools, deadline, "DEL", |_| {
-        let loaded = load_all(store, &pools)?;
+    let removed = until_committed(tx.as_mut(), &pools, store.capabilities().conflict_pauses, deadline, "DEL", |loaded, _| {
         let mut changes = Changes::new();
         let mut removed = 0;
         in_use.clear();
         for pool in &pools {
-            let entries = entries_of(&loaded, &pool.name);
+            let entries = entries_of(loaded, &pool.name);
             if reserving && !config.pod_ref.is_empty() {
                 let asking = Holder { container_id: who.container_id, pod_ref: &config.pod_ref, ifname: who.ifname };
                 let adopted: Vec<model::Attachment> = entries
@@ -310,11 +310,11 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
             }
             removed += release_in(engine, config, pool, entries, &[who.into()], reserving, &mut changes, |_| ())?;
         }
-        let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
+        let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(loaded) };
         Ok((removed, updates))
     })?;
     if reserving {
-        let leftovers = store.end_release(&in_use, deadline)?;
+        let leftovers = tx.free_leftovers(&in_use)?;
         if leftovers > 0 {
             crate::logging::verbose(format!(
                 "DEL {}/{}: freed {leftovers} reservation(s) an earlier ADD left without a pool entry",
@@ -326,8 +326,14 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
 }
 
 /// CHECK: the attachment's entry in each range, `None` where it has none.
-pub fn find(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<Vec<Option<Allocation>>, IpamError> {
-    let loaded = load_all(store, &distinct_pools(config))?;
+pub fn find(
+    engine: &mut EngineComponent,
+    store: &dyn Datastore,
+    config: &NormalizedConfig,
+    who: Attachment,
+    deadline: Instant,
+) -> Result<Vec<Option<Allocation>>, IpamError> {
+    let loaded = read_all(store, &distinct_pools(config), deadline)?;
     let mut found = Vec::with_capacity(config.ranges.len());
     for range in &config.ranges {
         let entries = entries_of(&loaded, &range.pool_name);
@@ -372,8 +378,7 @@ pub fn collect_garbage(
     }
     let pools = distinct_pools(config);
     let reserving = reserves(store, config);
-    until_committed(store, &pools, deadline, "GC", |_| {
-        let loaded = load_all(store, &pools)?;
+    cycle(store, &pools, Purpose::Update, deadline, "GC", |loaded, _| {
         let mut changes = Changes::new();
         let mut removed = Vec::new();
         for pool in &pools {
@@ -395,7 +400,7 @@ pub fn collect_garbage(
                 garbage.into_iter().map(|(container_id, ifname)| model::Attachment { container_id: container_id.into(), ifname: ifname.into() }).collect();
             release_in(engine, config, pool, entries, &garbage, reserving, &mut changes, |entry| removed.push((pool.clone(), entry.clone())))?;
         }
-        let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(&loaded) };
+        let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(loaded) };
         Ok((removed, updates))
     })
 }
@@ -416,9 +421,9 @@ pub struct RangeUsage {
     pub pool_entries: usize,
 }
 
-pub fn usage(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<RangeUsage>, IpamError> {
+pub fn usage(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, deadline: Instant) -> Result<Vec<RangeUsage>, IpamError> {
     let pools = distinct_pools(config);
-    let loaded = load_all(store, &pools)?;
+    let loaded = read_all(store, &pools, deadline)?;
     let states: Vec<PoolState> = pools.iter().map(|p| pool_state(p, entries_of(&loaded, &p.name))).collect();
     let usage = engine.usage(config, &states).map_err(EngineFailure)?;
     Ok(config
@@ -439,9 +444,9 @@ pub fn usage(engine: &mut EngineComponent, store: &dyn Datastore, config: &Norma
 }
 
 /// The config's pools as they are now (their entries' offsets), for the engine's preview.
-pub fn pool_states(store: &dyn Datastore, config: &NormalizedConfig) -> Result<Vec<PoolState>, IpamError> {
+pub fn pool_states(store: &dyn Datastore, config: &NormalizedConfig, deadline: Instant) -> Result<Vec<PoolState>, IpamError> {
     let pools = distinct_pools(config);
-    let loaded = load_all(store, &pools)?;
+    let loaded = read_all(store, &pools, deadline)?;
     Ok(pools.iter().map(|p| pool_state(p, entries_of(&loaded, &p.name))).collect())
 }
 
@@ -452,6 +457,8 @@ pub fn address_of(range: &NormalizedRange, offset: u128) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::{Cell, RefCell};
+
     use super::*;
     use crate::datastore::Version;
 
@@ -473,35 +480,46 @@ mod tests {
         assert_eq!((updates[1].pool.name.as_str(), updates[1].expected.clone()), ("a", Version::absent()));
     }
 
-    /// A store whose commits answer from a script; counts `finish` calls.
+    /// A store whose commits answer from a script; counts the transactions ended.
     struct Scripted {
-        answers: std::cell::RefCell<Vec<Result<(), DatastoreError>>>,
-        finished: std::cell::Cell<u32>,
+        answers: RefCell<Vec<Result<Outcome, DatastoreError>>>,
+        ended: Cell<u32>,
+    }
+
+    struct ScriptedTx<'a>(&'a Scripted);
+
+    impl Transaction for ScriptedTx<'_> {
+        fn load(&mut self) -> Result<Vec<Pool>, DatastoreError> {
+            Ok(vec![Pool::default()])
+        }
+        fn commit(&mut self, _updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
+            self.0.answers.borrow_mut().remove(0)
+        }
+    }
+
+    impl Drop for ScriptedTx<'_> {
+        fn drop(&mut self) {
+            self.0.ended.set(self.0.ended.get() + 1);
+        }
     }
 
     impl Datastore for Scripted {
         fn describe(&self) -> String {
             "scripted".into()
         }
-        fn load(&self, _pool: &PoolId) -> Result<Pool, DatastoreError> {
-            Ok(Pool::default())
-        }
-        fn commit(&self, _updates: &[PoolUpdate], _deadline: Instant) -> Result<(), DatastoreError> {
-            self.answers.borrow_mut().remove(0)
-        }
-        fn check_usable(&self) -> Result<(), DatastoreError> {
-            Ok(())
-        }
         fn capabilities(&self) -> crate::datastore::Capabilities {
             crate::datastore::Capabilities::NODE_LOCAL
         }
-        fn finish(&self, _deadline: Instant) {
-            self.finished.set(self.finished.get() + 1);
+        fn check_usable(&self, _deadline: Instant) -> Result<(), DatastoreError> {
+            Ok(())
+        }
+        fn begin<'s>(&'s self, _pools: &[PoolId], _purpose: Purpose<'_>, _deadline: Instant) -> Result<Box<dyn Transaction + 's>, DatastoreError> {
+            Ok(Box::new(ScriptedTx(self)))
         }
     }
 
-    fn scripted(answers: Vec<Result<(), DatastoreError>>) -> Scripted {
-        Scripted { answers: std::cell::RefCell::new(answers), finished: std::cell::Cell::new(0) }
+    fn scripted(answers: Vec<Result<Outcome, DatastoreError>>) -> Scripted {
+        Scripted { answers: RefCell::new(answers), ended: Cell::new(0) }
     }
 
     fn one_update() -> Vec<PoolUpdate> {
@@ -509,31 +527,31 @@ mod tests {
     }
 
     #[test]
-    fn attempts_learn_the_conflicts_met_and_the_store_is_told_when_the_cycle_ends() {
-        let conflict = || Err(DatastoreError::Conflict { pool: "p".into() });
-        let reserved = || Err(DatastoreError::Reserved { pool: "p".into(), name: "192.0.2.1".into() });
+    fn attempts_learn_the_conflicts_met_and_the_transaction_ends_however_the_cycle_does() {
+        let conflict = || Ok(Outcome::Retry(Retry::Conflict { pool: "p".into() }));
+        let reserved = || Ok(Outcome::Retry(Retry::Reserved { pool: "p".into(), name: "192.0.2.1".into() }));
         // Two races and another range's reservation, then success: the reservation
         // is planned around at once and does not count as contention.
-        let store = scripted(vec![conflict(), reserved(), conflict(), Ok(())]);
+        let store = scripted(vec![conflict(), reserved(), conflict(), Ok(Outcome::Committed)]);
         let mut seen = Vec::new();
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        let out = until_committed(&store, &[pool("p")], deadline, "ADD", |contention| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let out = cycle(&store, &[pool("p")], Purpose::Update, deadline, "ADD", |_, contention| {
             seen.push(contention);
             Ok((contention, one_update()))
         });
         assert_eq!(out.unwrap(), 2);
         assert_eq!(seen, [0, 1, 1, 2]);
-        assert_eq!(store.finished.get(), 1);
-        // Failing calls end the cycle too, and the store hears of it.
+        assert_eq!(store.ended.get(), 1);
+        // Failing calls end the transaction too.
         let store = scripted(vec![conflict(), Err(DatastoreError::Unavailable { server: "s".into(), action: "a".into(), detail: "d".into() })]);
-        let unavailable = until_committed(&store, &[pool("p")], deadline, "ADD", |_| Ok(((), one_update())));
+        let unavailable = cycle(&store, &[pool("p")], Purpose::Update, deadline, "ADD", |_, _| Ok(((), one_update())));
         assert!(matches!(unavailable, Err(IpamError::Datastore(DatastoreError::Unavailable { .. }))), "{unavailable:?}");
-        assert_eq!(store.finished.get(), 1);
+        assert_eq!(store.ended.get(), 1);
         let store = scripted(vec![conflict()]);
-        let failed = until_committed(&store, &[pool("p")], deadline, "ADD", |c| {
+        let failed = cycle(&store, &[pool("p")], Purpose::Update, deadline, "ADD", |_, c| {
             if c == 0 { Ok(((), one_update())) } else { Err(IpamError::Unplaceable { message: "plan failed".into() }) }
         });
         assert!(matches!(failed, Err(IpamError::Unplaceable { message }) if message == "plan failed"));
-        assert_eq!(store.finished.get(), 1);
+        assert_eq!(store.ended.get(), 1);
     }
 }

@@ -145,7 +145,7 @@ fn del(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
 fn check(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, stdin: &str) -> Result<(), CniError> {
     require_version(config, Command::Check, "0.4.0")?;
     let previous = prev_result_addresses(stdin)?;
-    let found = ipam::find(engine, store, config, who)?;
+    let found = ipam::find(engine, store, config, who, deadline(retry::OTHER_BUDGET))?;
     let mut ours = Vec::new();
     for (range, entry) in config.ranges.iter().zip(found) {
         let entry = entry.ok_or_else(|| {
@@ -248,8 +248,9 @@ pub fn valid_attachments(stdin: &str) -> Result<HashSet<(String, String)>, CniEr
 fn status(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig) -> Result<(), CniError> {
     require_version(config, Command::Status, "1.1.0")?;
     let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
-    store.check_usable().map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
-    let pools = ipam::pool_states(store, config).map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
+    let deadline = deadline(retry::OTHER_BUDGET);
+    store.check_usable(deadline).map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
+    let pools = ipam::pool_states(store, config, deadline).map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
     let next = engine.preview(config, &pools, 1).map_err(EngineFailure)?;
     match next.failure.and_then(|f| config.ranges.get(f.range_index as usize)) {
         Some(range) => Err(unavailable(format!("no free address in range {} (pool {})", range.cidr, range.pool_name))),

@@ -94,11 +94,7 @@ impl From<ConfigLoadError> for CniError {
 /// wrong in the config, 999 otherwise.
 fn datastore_code(e: &DatastoreError) -> u32 {
     match e {
-        DatastoreError::Conflict { .. }
-        | DatastoreError::Reserved { .. }
-        | DatastoreError::Timeout { .. }
-        | DatastoreError::Io { .. }
-        | DatastoreError::Unavailable { .. } => code::TRY_AGAIN_LATER,
+        DatastoreError::Timeout { .. } | DatastoreError::Io { .. } | DatastoreError::Unavailable { .. } => code::TRY_AGAIN_LATER,
         DatastoreError::NotADirectory { .. } | DatastoreError::Unconfigured { .. } | DatastoreError::Kubeconfig { .. } | DatastoreError::EtcdConfig { .. } => {
             code::INVALID_CONFIG
         }

@@ -39,8 +39,8 @@
 //! reservations lock after its pool locks, reads the overlapping pools, and
 //! writes its new versions before letting go; so of two commits racing for one
 //! address in two pools, the second sees the first's entry. It then fails with
-//! [`DatastoreError::Reserved`] and records every address those pools hold as
-//! [`reserved`](Datastore::reserved), and the retry plans around them. The lock
+//! [`Retry::Reserved`] and records every address those pools hold as the
+//! pool's [`reserved`](Pool::reserved), and the retry plans around them. The lock
 //! goes before the flushes: a later commit that sees a version not yet durable
 //! only avoids an address that a power cut may free again.
 
@@ -50,8 +50,8 @@ use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -59,7 +59,7 @@ use thereabouts_allocator::model::Allocation;
 
 use super::file_overlap::{Scoped, same_range};
 use super::pool_file;
-use super::{Capabilities, Change, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
+use super::{Capabilities, Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction, Version};
 
 /// A pool file as found under the pool's lock: where its current version lies.
 struct OnDisk {
@@ -87,41 +87,12 @@ pub struct FileStore {
     dir: PathBuf,
     /// The CNI network of this call, recorded on the entries it writes.
     network: Arc<str>,
-    held: Arc<Mutex<HeldState>>,
-    /// Offsets of each pool (by name) that a commit found held by an
-    /// overlapping pool of the same `network_name`: planned around from then on.
-    reserved: Mutex<BTreeMap<String, BTreeSet<u128>>>,
 }
-
-/// Pools whose lock this process holds through `lock_for_update`, each with the
-/// version `load` read under that lock. `commit` must not take those locks again
-/// (a second `flock` on a new descriptor of the same file would wait for
-/// ourselves), and need not read those pools again: nobody else can have
-/// written them since.
-type HeldState = BTreeMap<String, Option<(OnDisk, Pool)>>;
 
 impl FileStore {
     /// The store in `dir`, writing on behalf of the CNI network `network`.
     pub fn new(dir: impl Into<PathBuf>, network: &str) -> Self {
-        Self { dir: dir.into(), network: Arc::from(network), held: Arc::default(), reserved: Mutex::default() }
-    }
-
-    /// Keeps what `load` read of a pool whose lock we hold, for `commit`.
-    fn remember_if_held(&self, name: &str, read: &Option<(OnDisk, Pool)>) -> Result<(), DatastoreError> {
-        let Ok(mut held) = self.held.lock() else { return Ok(()) };
-        if let Some(slot) = held.get_mut(name) {
-            *slot = match read {
-                Some((disk, pool)) => Some((disk.try_clone().map_err(|e| DatastoreError::io(self.pool_path(name), e))?, pool.clone())),
-                None => None,
-            };
-        }
-        Ok(())
-    }
-
-    /// What `load` read under our lock of this pool, if anything (taken: a
-    /// commit uses it once).
-    fn take_remembered(&self, name: &str) -> Option<(OnDisk, Pool)> {
-        self.held.lock().ok()?.get_mut(name)?.take()
+        Self { dir: dir.into(), network: Arc::from(network) }
     }
 
     pub fn dir(&self) -> &Path {
@@ -179,75 +150,6 @@ impl FileStore {
             }
         }
         Ok(names)
-    }
-
-    /// Refuses a commit that reserves an address an overlapping pool of the
-    /// same `network_name` holds ([`DatastoreError::Reserved`], with everything
-    /// those pools hold now among [`reserved`](Datastore::reserved)). `read`
-    /// holds the commit's updates with their pools as read under their locks.
-    /// Returns the reservations locks, to hold until the new versions are in place.
-    fn check_reservations(&self, read: &[(&PoolUpdate, Option<(OnDisk, Pool)>)], deadline: Instant) -> Result<Vec<File>, DatastoreError> {
-        let mut reserving = Vec::new();
-        for (update, _) in read {
-            let holders: Vec<(&str, u128)> = update
-                .changes
-                .iter()
-                .filter_map(|c| match c {
-                    Change::Reserve { name, holder } => Some((name.as_str(), holder.offset)),
-                    _ => None,
-                })
-                .collect();
-            if holders.is_empty() {
-                continue;
-            }
-            let scoped = Scoped::of(&update.pool).ok_or_else(|| DatastoreError::Inconsistent {
-                pool: update.pool.name.clone(),
-                detail: format!("not the pool name of range {} under any network_name", update.pool.cidr),
-            })?;
-            reserving.push((update, scoped, holders));
-        }
-        if reserving.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut scopes: Vec<&str> = reserving.iter().map(|(_, scoped, _)| scoped.scope.as_str()).collect();
-        scopes.sort_unstable();
-        scopes.dedup();
-        let locks = scopes
-            .iter()
-            .map(|scope| lock_file(self.reservations_lock_path(scope), &format!("the reservations of network_name {scope:?}"), deadline))
-            .collect::<Result<Vec<_>, _>>()?;
-        // The commit's own pools as read; the others from disk, under the locks
-        // every commit that reserves in these scopes takes.
-        let before: BTreeMap<&str, Vec<u128>> = read
-            .iter()
-            .map(|(u, current)| (u.pool.name.as_str(), current.as_ref().map(|(_, p)| p.entries.iter().map(|e| e.offset).collect()).unwrap_or_default()))
-            .collect();
-        let mut names = self.pool_names()?;
-        names.extend(before.keys().map(|n| n.to_string()));
-        names.sort_unstable();
-        names.dedup();
-        for (update, scoped, holders) in &reserving {
-            let mut held = BTreeSet::new();
-            for name in names.iter().filter(|n| **n != update.pool.name) {
-                let Some(range) = scoped.peer_range(name).filter(|r| scoped.overlaps(r)) else { continue };
-                let offsets = match before.get(name.as_str()) {
-                    Some(offsets) => offsets.clone(),
-                    None => match self.read_newest(name)? {
-                        Some((_, stored_range, pool)) if same_range(&stored_range, &range) => pool.entries.iter().map(|e| e.offset).collect(),
-                        // Another network_name's pool whose name reads as ours too.
-                        _ => continue,
-                    },
-                };
-                held.extend(scoped.offsets_of(&range, offsets.into_iter()));
-            }
-            if let Some((name, _)) = holders.iter().find(|(_, offset)| held.contains(offset)) {
-                if let Ok(mut reserved) = self.reserved.lock() {
-                    reserved.entry(update.pool.name.clone()).or_default().extend(held);
-                }
-                return Err(DatastoreError::Reserved { pool: update.pool.name.clone(), name: name.to_string() });
-            }
-        }
-        Ok(locks)
     }
 
     /// The pool's newest intact version and where it lies; `None` if the pool
@@ -313,49 +215,146 @@ impl Datastore for FileStore {
         format!("file datastore in {}", self.dir.display())
     }
 
-    fn load(&self, pool: &PoolId) -> Result<Pool, DatastoreError> {
-        if !self.dir_exists()? {
-            return Ok(Pool::default());
-        }
-        let read = self.read_on_disk(pool)?;
-        self.remember_if_held(&pool.name, &read)?;
-        Ok(read.map(|(_, pool)| pool).unwrap_or_default())
+    /// Overlapping pools of one `network_name` hold each other's reservations
+    /// (see the module documentation).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { reservations: true, ..Capabilities::NODE_LOCAL }
     }
 
-    fn commit(&self, updates: &[PoolUpdate], deadline: Instant) -> Result<(), DatastoreError> {
-        if updates.iter().all(|u| u.changes.is_empty()) {
-            return Ok(());
-        }
+    fn check_usable(&self, _deadline: Instant) -> Result<(), DatastoreError> {
         self.ensure_dir()?;
+        // Writing is what ADD needs; a probe file proves it (read-only mounts, full disks).
+        let probe = self.dir.join(format!(".status-probe-{}", std::process::id()));
+        let result = OpenOptions::new().create(true).truncate(true).write(true).open(&probe).and_then(|mut f| f.write_all(b"ok"));
+        let _ = fs::remove_file(&probe);
+        result.map_err(|e| DatastoreError::io(&self.dir, e))
+    }
+
+    fn begin<'s>(&'s self, pools: &[PoolId], purpose: Purpose<'_>, deadline: Instant) -> Result<Box<dyn Transaction + 's>, DatastoreError> {
+        Ok(Box::new(FileTransaction {
+            store: self,
+            pools: pools.to_vec(),
+            locking: purpose != Purpose::Read,
+            deadline,
+            locked: BTreeMap::new(),
+            _locks: Vec::new(),
+            reserved: BTreeMap::new(),
+        }))
+    }
+}
+
+/// One command's cycle on the file store.
+struct FileTransaction<'s> {
+    store: &'s FileStore,
+    pools: Vec<PoolId>,
+    /// Whether `load` queues behind other writers (not for [`Purpose::Read`]).
+    locking: bool,
+    deadline: Instant,
+    /// The pools this attempt holds the lock of (taken by `load`), each with
+    /// what `load` read under it. `commit` must not take those locks again (a
+    /// second `flock` on a new descriptor of the same file would wait for
+    /// ourselves), and need not read those pools again: nobody else can have
+    /// written them since.
+    locked: BTreeMap<String, Option<(OnDisk, Pool)>>,
+    /// The `flock`s of `locked`, released when the attempt's commit returns.
+    _locks: Vec<File>,
+    /// Offsets of each pool (by name) that a commit found held by an
+    /// overlapping pool of the same `network_name`: planned around from then on.
+    reserved: BTreeMap<String, BTreeSet<u128>>,
+}
+
+impl Transaction for FileTransaction<'_> {
+    fn load(&mut self) -> Result<Vec<Pool>, DatastoreError> {
+        if !self.store.dir_exists()? {
+            return Ok(self.pools.iter().map(|_| Pool::default()).collect());
+        }
+        // Taken anew for every attempt: a pool that did not exist at the first
+        // attempt (and so could not be locked) does after a conflict, and an
+        // attempt that keeps planning without the lock would lose to lock
+        // holders forever.
+        if self.locking && self.locked.is_empty() {
+            self.lock_existing()?;
+        }
+        let mut loaded = Vec::with_capacity(self.pools.len());
+        for pool in &self.pools {
+            let read = self.store.read_on_disk(pool)?;
+            if let Some(slot) = self.locked.get_mut(&pool.name) {
+                *slot = match &read {
+                    Some((disk, content)) => Some((disk.try_clone().map_err(|e| DatastoreError::io(self.store.pool_path(&pool.name), e))?, content.clone())),
+                    None => None,
+                };
+            }
+            let mut pool_read = read.map(|(_, p)| p).unwrap_or_default();
+            pool_read.reserved = self.reserved.get(&pool.name).map(|r| r.iter().copied().collect()).unwrap_or_default();
+            loaded.push(pool_read);
+        }
+        Ok(loaded)
+    }
+
+    fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
+        let outcome = self.write(updates);
+        // The attempt's locks go with it, however it went: a writer that
+        // pauses before its retry holds nobody up.
+        self.locked.clear();
+        self._locks.clear();
+        outcome
+    }
+}
+
+impl FileTransaction<'_> {
+    /// Locks the cycle's pools that already exist, in name order (no deadlock
+    /// between multi-pool commits). A pool not created yet is not locked (so a
+    /// DEL or GC of nothing writes nothing); its first writers meet in the
+    /// commit's version check instead.
+    fn lock_existing(&mut self) -> Result<(), DatastoreError> {
+        let mut names: Vec<&str> = self.pools.iter().map(|p| p.name.as_str()).filter(|n| self.store.pool_path(n).exists()).collect();
+        names.sort_unstable();
+        names.dedup();
+        self._locks = names.iter().map(|n| self.store.lock(n, self.deadline)).collect::<Result<Vec<_>, _>>()?;
+        self.locked = names.iter().map(|n| (n.to_string(), None)).collect();
+        Ok(())
+    }
+
+    /// The commit of [`Transaction::commit`], under the locks `load` took and
+    /// those of the pools it creates.
+    fn write(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
+        let (store, deadline) = (self.store, self.deadline);
+        if updates.iter().all(|u| u.changes.is_empty()) {
+            return Ok(Outcome::Committed);
+        }
+        store.ensure_dir()?;
         let mut order: Vec<&PoolUpdate> = updates.iter().filter(|u| !u.changes.is_empty()).collect();
         order.sort_by(|a, b| a.pool.name.cmp(&b.pool.name));
         if order.windows(2).any(|w| w[0].pool.name == w[1].pool.name) {
             return Err(DatastoreError::Inconsistent { pool: order[0].pool.name.clone(), detail: "one commit updates the same pool twice".into() });
         }
         // Held until the end of the function: every rename happens under every lock.
-        let already_held: Vec<String> = self.held.lock().map(|h| h.keys().cloned().collect()).unwrap_or_default();
-        let _locks = order.iter().filter(|u| !already_held.contains(&u.pool.name)).map(|u| self.lock(&u.pool.name, deadline)).collect::<Result<Vec<_>, _>>()?;
+        let _locks =
+            order.iter().filter(|u| !self.locked.contains_key(&u.pool.name)).map(|u| store.lock(&u.pool.name, deadline)).collect::<Result<Vec<_>, _>>()?;
 
         // Check every version and reservation and build every outgrown file
         // before touching any pool, so a failure up to here leaves every pool as
         // it was.
         let mut read = Vec::with_capacity(order.len());
         for &update in &order {
-            let current = match self.take_remembered(&update.pool.name) {
+            let current = match self.locked.get_mut(&update.pool.name).and_then(Option::take) {
                 Some(read) => Some(read),
-                None => self.read_on_disk(&update.pool)?,
+                None => store.read_on_disk(&update.pool)?,
             };
             let version = current.as_ref().map(|(_, pool)| pool.version.clone()).unwrap_or_default();
             if version != update.expected {
-                return Err(DatastoreError::Conflict { pool: update.pool.name.clone() });
+                return Ok(Outcome::Retry(Retry::Conflict { pool: update.pool.name.clone() }));
             }
             read.push((update, current));
         }
-        let reservations = self.check_reservations(&read, deadline)?;
+        let reservations = match self.check_reservations(&read)? {
+            Ok(locks) => locks,
+            Err(refused) => return Ok(Outcome::Retry(refused)),
+        };
         let mut writes = Vec::with_capacity(order.len());
         for (update, current) in read {
             let (disk, pool) = current.map_or((None, Pool::default()), |(disk, pool)| (Some(disk), pool));
-            let stored = apply(&update.pool.name, pool, &update.changes, &self.network)?;
+            let stored = apply(&update.pool.name, pool, &update.changes, &store.network)?;
             let payload = encode(&update.pool, &stored);
             writes.push(match disk {
                 Some(disk) if pool_file::fits(disk.slot_size, payload.len()) => {
@@ -363,7 +362,7 @@ impl Datastore for FileStore {
                 }
                 disk => {
                     let version = disk.map_or(1, |disk| disk.version + 1);
-                    PoolWrite::Replace { temp: self.write_new_file(&update.pool, version, &payload)?, path: self.pool_path(&update.pool.name) }
+                    PoolWrite::Replace { temp: store.write_new_file(&update.pool, version, &payload)?, path: store.pool_path(&update.pool.name) }
                 }
             });
         }
@@ -372,7 +371,7 @@ impl Datastore for FileStore {
         for write in &writes {
             match write {
                 PoolWrite::Slot { file, slot_size, index, version, payload } => {
-                    pool_file::write_slot(file, *slot_size, *index, *version, payload).map_err(|e| DatastoreError::io(&self.dir, e))?;
+                    pool_file::write_slot(file, *slot_size, *index, *version, payload).map_err(|e| DatastoreError::io(&store.dir, e))?;
                     written.push(file);
                 }
                 PoolWrite::Replace { temp, path } => {
@@ -386,51 +385,79 @@ impl Datastore for FileStore {
         drop(reservations);
         // One data flush per written pool: blocks the files already own, so no
         // journal commit on ext4.
-        sync_all_data(&written).map_err(|e| DatastoreError::io(&self.dir, e))?;
+        sync_all_data(&written).map_err(|e| DatastoreError::io(&store.dir, e))?;
         if renamed {
-            self.sync_dir()?;
+            store.sync_dir()?;
         }
-        Ok(())
+        Ok(Outcome::Committed)
     }
 
-    /// Locks the pools that already exist, in name order. A pool not created yet
-    /// is not locked (so a DEL or GC of nothing writes nothing); its first writers
-    /// meet in `commit`'s version check instead.
-    fn lock_for_update(&self, pools: &[PoolId], deadline: Instant) -> Result<UpdateLock, DatastoreError> {
-        if !self.dir_exists()? {
-            return Ok(UpdateLock::none());
+    /// Refuses a commit that reserves an address an overlapping pool of the
+    /// same `network_name` holds ([`Retry::Reserved`], with everything those
+    /// pools hold now among the pool's [`reserved`](Pool::reserved)). `read`
+    /// holds the commit's updates with their pools as read under their locks.
+    /// Returns the reservations locks, to hold until the new versions are in place.
+    fn check_reservations(&mut self, read: &[(&PoolUpdate, Option<(OnDisk, Pool)>)]) -> Result<Result<Vec<File>, Retry>, DatastoreError> {
+        let (store, deadline) = (self.store, self.deadline);
+        let mut reserving = Vec::new();
+        for (update, _) in read {
+            let holders: Vec<(&str, u128)> = update
+                .changes
+                .iter()
+                .filter_map(|c| match c {
+                    Change::Reserve { name, holder } => Some((name.as_str(), holder.offset)),
+                    _ => None,
+                })
+                .collect();
+            if holders.is_empty() {
+                continue;
+            }
+            let scoped = Scoped::of(&update.pool).ok_or_else(|| DatastoreError::Inconsistent {
+                pool: update.pool.name.clone(),
+                detail: format!("not the pool name of range {} under any network_name", update.pool.cidr),
+            })?;
+            reserving.push((update, scoped, holders));
         }
-        let mut names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).filter(|n| self.pool_path(n).exists()).collect();
+        if reserving.is_empty() {
+            return Ok(Ok(Vec::new()));
+        }
+        let mut scopes: Vec<&str> = reserving.iter().map(|(_, scoped, _)| scoped.scope.as_str()).collect();
+        scopes.sort_unstable();
+        scopes.dedup();
+        let locks = scopes
+            .iter()
+            .map(|scope| lock_file(store.reservations_lock_path(scope), &format!("the reservations of network_name {scope:?}"), deadline))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The commit's own pools as read; the others from disk, under the locks
+        // every commit that reserves in these scopes takes.
+        let before: BTreeMap<&str, Vec<u128>> = read
+            .iter()
+            .map(|(u, current)| (u.pool.name.as_str(), current.as_ref().map(|(_, p)| p.entries.iter().map(|e| e.offset).collect()).unwrap_or_default()))
+            .collect();
+        let mut names = store.pool_names()?;
+        names.extend(before.keys().map(|n| n.to_string()));
         names.sort_unstable();
         names.dedup();
-        let files = names.iter().map(|n| self.lock(n, deadline)).collect::<Result<Vec<_>, _>>()?;
-        let guard = HeldPools { names: names.iter().map(|n| n.to_string()).collect(), held: Arc::clone(&self.held), _files: files };
-        if let Ok(mut held) = self.held.lock() {
-            held.extend(guard.names.iter().map(|n| (n.clone(), None)));
+        for (update, scoped, holders) in &reserving {
+            let mut held = BTreeSet::new();
+            for name in names.iter().filter(|n| **n != update.pool.name) {
+                let Some(range) = scoped.peer_range(name).filter(|r| scoped.overlaps(r)) else { continue };
+                let offsets = match before.get(name.as_str()) {
+                    Some(offsets) => offsets.clone(),
+                    None => match store.read_newest(name)? {
+                        Some((_, stored_range, pool)) if same_range(&stored_range, &range) => pool.entries.iter().map(|e| e.offset).collect(),
+                        // Another network_name's pool whose name reads as ours too.
+                        _ => continue,
+                    },
+                };
+                held.extend(scoped.offsets_of(&range, offsets.into_iter()));
+            }
+            if let Some((name, _)) = holders.iter().find(|(_, offset)| held.contains(offset)) {
+                self.reserved.entry(update.pool.name.clone()).or_default().extend(held);
+                return Ok(Err(Retry::Reserved { pool: update.pool.name.clone(), name: name.to_string() }));
+            }
         }
-        Ok(UpdateLock::holding(guard))
-    }
-
-    /// Overlapping pools of one `network_name` hold each other's reservations
-    /// (see the module documentation).
-    fn capabilities(&self) -> Capabilities {
-        Capabilities { reservations: true, ..Capabilities::NODE_LOCAL }
-    }
-
-    /// What commits found held by overlapping pools (they report
-    /// [`DatastoreError::Reserved`], never a conflict: a racing writer of an
-    /// overlapping pool is a neighbour like any other here).
-    fn reserved(&self, pool: &PoolId) -> Vec<u128> {
-        self.reserved.lock().ok().and_then(|r| r.get(&pool.name).map(|s| s.iter().copied().collect())).unwrap_or_default()
-    }
-
-    fn check_usable(&self) -> Result<(), DatastoreError> {
-        self.ensure_dir()?;
-        // Writing is what ADD needs; a probe file proves it (read-only mounts, full disks).
-        let probe = self.dir.join(format!(".status-probe-{}", std::process::id()));
-        let result = OpenOptions::new().create(true).truncate(true).write(true).open(&probe).and_then(|mut f| f.write_all(b"ok"));
-        let _ = fs::remove_file(&probe);
-        result.map_err(|e| DatastoreError::io(&self.dir, e))
+        Ok(Ok(locks))
     }
 }
 
@@ -458,23 +485,6 @@ fn lock_file(path: PathBuf, what: &str, deadline: Instant) -> Result<File, Datas
         Ok(Ok(())) => Ok(file),
         Ok(Err(e)) => Err(DatastoreError::io(&path, e)),
         Err(_) => Err(timeout()),
-    }
-}
-
-/// Pool locks taken by `lock_for_update`: released (and forgotten) on drop.
-struct HeldPools {
-    names: Vec<String>,
-    held: Arc<Mutex<HeldState>>,
-    _files: Vec<File>,
-}
-
-impl Drop for HeldPools {
-    fn drop(&mut self) {
-        if let Ok(mut held) = self.held.lock() {
-            for name in &self.names {
-                held.remove(name);
-            }
-        }
     }
 }
 
@@ -595,7 +605,7 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<(String, Pool), DatastoreError> {
             Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() }
         })
         .collect();
-    Ok((doc.range.into_owned(), Pool { version: Version::absent(), entries, created_by }))
+    Ok((doc.range.into_owned(), Pool { version: Version::absent(), entries, created_by, reserved: Vec::new() }))
 }
 
 /// `fdatasync` of every written pool file, one after the other: data-only
@@ -628,6 +638,30 @@ mod tests {
         Instant::now() + Duration::from_secs(5)
     }
 
+    /// How a commit in tests fails: asked to retry, or an error.
+    #[derive(Debug)]
+    enum Refused {
+        Retry(Retry),
+        Failed(DatastoreError),
+    }
+
+    impl FileStore {
+        /// One pool, read as a CHECK reads it.
+        fn read(&self, pool: &PoolId) -> Result<Pool, DatastoreError> {
+            Ok(self.begin(std::slice::from_ref(pool), Purpose::Read, soon())?.load()?.remove(0))
+        }
+
+        /// `updates` committed in a transaction of their own (no load first).
+        fn commit_alone(&self, updates: &[PoolUpdate], deadline: Instant) -> Result<(), Refused> {
+            let pools: Vec<PoolId> = updates.iter().map(|u| u.pool.clone()).collect();
+            let mut tx = self.begin(&pools, Purpose::Update, deadline).map_err(Refused::Failed)?;
+            match tx.commit(updates).map_err(Refused::Failed)? {
+                Outcome::Committed => Ok(()),
+                Outcome::Retry(retry) => Err(Refused::Retry(retry)),
+            }
+        }
+    }
+
     /// A stored pool of `pool`'s range, as `read_on_disk` checks it.
     fn decode_as(path: &Path, bytes: &[u8], pool: &PoolId) -> Result<Pool, DatastoreError> {
         let (range, read) = decode(path, bytes)?;
@@ -642,10 +676,10 @@ mod tests {
         let dir = temp_dir("create");
         let store = FileStore::new(dir.join("nested"), "net");
         let p = pool("192.0.2.0-24", "192.0.2.0/24");
-        assert_eq!(store.load(&p).unwrap(), Pool::default());
+        assert_eq!(store.read(&p).unwrap(), Pool::default());
         let update = PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] };
-        store.commit(&[update], soon()).unwrap();
-        let loaded = store.load(&p).unwrap();
+        store.commit_alone(&[update], soon()).unwrap();
+        let loaded = store.read(&p).unwrap();
         assert_eq!(loaded.version, Version("1".into()));
         assert_eq!(loaded.entries, vec![alloc(1, "c1")]);
         let (version, payload) = pool_file::read_path(&dir.join("nested/192.0.2.0-24.pool")).unwrap().unwrap();
@@ -669,14 +703,14 @@ mod tests {
         let old = br#"{"range": "192.0.2.0/24", "allocations": {"7": {"id": "o7", "podref": "ns/q", "ifname": "eth0"}, "8": {"id": "o8", "podref": "ns/r", "ifname": "eth0"}}}"#;
         pool_file::write_path(&dir.join("p.pool"), 1, old).unwrap();
         let (a, b) = (FileStore::new(&dir, "net-a"), FileStore::new(&dir, "net-b"));
-        assert!(a.load(&p).unwrap().created_by.is_empty());
-        a.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(1, "c1"))] }], soon()).unwrap();
+        assert!(a.read(&p).unwrap().created_by.is_empty());
+        a.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(1, "c1"))] }], soon()).unwrap();
         let adopt = Change::SetContainerId { offset: 8, container_id: "c8".into() };
-        b.commit(&[PoolUpdate { pool: p.clone(), expected: Version("2".into()), changes: vec![Change::Insert(alloc(2, "c2")), adopt] }], soon()).unwrap();
+        b.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version("2".into()), changes: vec![Change::Insert(alloc(2, "c2")), adopt] }], soon()).unwrap();
         let created_by = |pairs: &[(u128, &str)]| pairs.iter().map(|&(o, n)| (o, Arc::from(n))).collect::<BTreeMap<_, _>>();
-        assert_eq!(a.load(&p).unwrap().created_by, created_by(&[(1, "net-a"), (2, "net-b"), (8, "net-b")]));
-        b.commit(&[PoolUpdate { pool: p.clone(), expected: Version("3".into()), changes: vec![Change::Remove { offset: 1 }] }], soon()).unwrap();
-        let loaded = b.load(&p).unwrap();
+        assert_eq!(a.read(&p).unwrap().created_by, created_by(&[(1, "net-a"), (2, "net-b"), (8, "net-b")]));
+        b.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version("3".into()), changes: vec![Change::Remove { offset: 1 }] }], soon()).unwrap();
+        let loaded = b.read(&p).unwrap();
         assert_eq!((loaded.entries.len(), loaded.created_by), (3, created_by(&[(2, "net-b"), (8, "net-b")])));
         fs::remove_dir_all(dir).unwrap();
     }
@@ -698,23 +732,28 @@ mod tests {
         let wide = pool("192.0.2.0-24", "192.0.2.0/24");
         let inner = pool("192.0.2.16-28", "192.0.2.16/28");
         let changes = [1, 17, 18, 40].map(|o| Change::Insert(alloc(o, "w"))).to_vec();
-        store.commit(&[PoolUpdate { pool: wide.clone(), expected: Version::absent(), changes }], soon()).unwrap();
-        // .17 is offset 1 of the /28: refused, and all the /24 holds inside it is reserved.
-        let refused = store.commit(&[reserving(&inner, Version::absent(), 1, "n")], soon());
-        assert!(matches!(refused, Err(DatastoreError::Reserved { ref pool, ref name }) if pool == "192.0.2.16-28" && name == "addr-1"), "{refused:?}");
+        store.commit_alone(&[PoolUpdate { pool: wide.clone(), expected: Version::absent(), changes }], soon()).unwrap();
+        // .17 is offset 1 of the /28: refused, and all the /24 holds inside it is
+        // reserved for the rest of the cycle.
+        let mut tx = store.begin(&[inner.clone(), wide.clone()], Purpose::Update, soon()).unwrap();
+        let refused = tx.commit(&[reserving(&inner, Version::absent(), 1, "n")]).unwrap();
+        assert_eq!(refused, Outcome::Retry(Retry::Reserved { pool: "192.0.2.16-28".into(), name: "addr-1".into() }));
         assert!(!dir.join("192.0.2.16-28.pool").exists());
-        assert_eq!(store.reserved(&inner), [1, 2]);
-        store.commit(&[reserving(&inner, Version::absent(), 3, "n")], soon()).unwrap();
-        assert!(store.reserved(&wide).is_empty());
+        let reserved = |tx: &mut Box<dyn Transaction + '_>| tx.load().unwrap().into_iter().map(|p| p.reserved).collect::<Vec<_>>();
+        assert_eq!(reserved(&mut tx), [vec![1, 2], vec![]]);
+        assert_eq!(tx.commit(&[reserving(&inner, Version::absent(), 3, "n")]).unwrap(), Outcome::Committed);
         // The other way round, and the commit's own pools count as read.
         let both = [reserving(&wide, Version("1".into()), 19, "m"), reserving(&inner, Version("1".into()), 4, "m")];
-        assert!(matches!(store.commit(&both, soon()), Err(DatastoreError::Reserved { .. })));
-        assert_eq!(store.reserved(&wide), [19]);
+        assert!(matches!(tx.commit(&both).unwrap(), Outcome::Retry(Retry::Reserved { .. })));
+        assert_eq!(reserved(&mut tx), [vec![1, 2], vec![19]]);
+        drop(tx);
         // Without a reservation (option off), another network_name, or a range
         // that does not overlap, nothing is in the way.
-        store.commit(&[PoolUpdate { pool: inner.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "off"))] }], soon()).unwrap();
-        store.commit(&[reserving(&pool("blue-192.0.2.16-28", "192.0.2.16/28"), Version::absent(), 1, "b")], soon()).unwrap();
-        store.commit(&[reserving(&pool("198.51.100.0-24", "198.51.100.0/24"), Version::absent(), 1, "o")], soon()).unwrap();
+        store
+            .commit_alone(&[PoolUpdate { pool: inner.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "off"))] }], soon())
+            .unwrap();
+        store.commit_alone(&[reserving(&pool("blue-192.0.2.16-28", "192.0.2.16/28"), Version::absent(), 1, "b")], soon()).unwrap();
+        store.commit_alone(&[reserving(&pool("198.51.100.0-24", "198.51.100.0/24"), Version::absent(), 1, "o")], soon()).unwrap();
         fs::remove_dir_all(dir).unwrap();
     }
 
@@ -731,13 +770,13 @@ mod tests {
                     std::thread::spawn(move || {
                         let store = FileStore::new(&dir, "net");
                         barrier.wait();
-                        store.commit(&[reserving(&pool(name, cidr), Version::absent(), 1, name)], soon())
+                        store.commit_alone(&[reserving(&pool(name, cidr), Version::absent(), 1, name)], soon())
                     })
                 })
                 .collect();
             let outcomes: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
             assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 1, "round {round}: {outcomes:?}");
-            assert!(outcomes.iter().any(|o| matches!(o, Err(DatastoreError::Reserved { .. }))));
+            assert!(outcomes.iter().any(|o| matches!(o, Err(Refused::Retry(Retry::Reserved { .. })))));
             fs::remove_dir_all(dir).unwrap();
         }
     }
@@ -748,14 +787,14 @@ mod tests {
         let store = FileStore::new(&dir, "net");
         let a = pool("a", "192.0.2.0/24");
         let b = pool("b", "198.51.100.0/24");
-        store.commit(&[PoolUpdate { pool: b.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(5, "x"))] }], soon()).unwrap();
+        store.commit_alone(&[PoolUpdate { pool: b.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(5, "x"))] }], soon()).unwrap();
         let before_b = fs::read(dir.join("b.pool")).unwrap();
         // `b` moved (it exists now): a two-pool commit planned against the old state fails whole.
         let updates = [
             PoolUpdate { pool: a.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] },
             PoolUpdate { pool: b.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "c1"))] },
         ];
-        assert!(matches!(store.commit(&updates, soon()), Err(DatastoreError::Conflict { .. })));
+        assert!(matches!(store.commit_alone(&updates, soon()), Err(Refused::Retry(Retry::Conflict { .. }))));
         assert!(!dir.join("a.pool").exists());
         assert_eq!(fs::read(dir.join("b.pool")).unwrap(), before_b);
         fs::remove_dir_all(dir).unwrap();
@@ -766,23 +805,21 @@ mod tests {
         let dir = temp_dir("remembered");
         let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
-        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        store.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         // Under the lock: load, then commit against that read.
-        let lock = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
-        let v1 = store.load(&p).unwrap().version;
-        store.commit(&[PoolUpdate { pool: p.clone(), expected: v1.clone(), changes: vec![Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
-        drop(lock);
-        assert_eq!(store.load(&p).unwrap().entries, vec![alloc(1, "a"), alloc(2, "b")]);
-        // A read kept under a lock that was then released must not stand in for
-        // the pool's state later: another writer moved it in between.
-        let lock = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
-        let v2 = store.load(&p).unwrap().version;
-        drop(lock);
+        let mut tx = store.begin(std::slice::from_ref(&p), Purpose::Update, soon()).unwrap();
+        let v1 = tx.load().unwrap().remove(0).version;
+        assert_eq!(tx.commit(&[PoolUpdate { pool: p.clone(), expected: v1, changes: vec![Change::Insert(alloc(2, "b"))] }]).unwrap(), Outcome::Committed);
+        assert_eq!(store.read(&p).unwrap().entries, vec![alloc(1, "a"), alloc(2, "b")]);
+        // The commit let the lock go: what its load read must not stand in for
+        // the pool's state later, when another writer moved it in between.
+        let v2 = tx.load().unwrap().remove(0).version;
+        assert_eq!(tx.commit(&[]).unwrap(), Outcome::Committed);
         let other = FileStore::new(&dir, "net");
-        other.commit(&[PoolUpdate { pool: p.clone(), expected: v2.clone(), changes: vec![Change::Insert(alloc(3, "c"))] }], soon()).unwrap();
+        other.commit_alone(&[PoolUpdate { pool: p.clone(), expected: v2.clone(), changes: vec![Change::Insert(alloc(3, "c"))] }], soon()).unwrap();
         let stale = PoolUpdate { pool: p.clone(), expected: v2, changes: vec![Change::Insert(alloc(4, "d"))] };
-        assert!(matches!(store.commit(&[stale], soon()), Err(DatastoreError::Conflict { .. })));
-        assert_eq!(store.load(&p).unwrap().entries, vec![alloc(1, "a"), alloc(2, "b"), alloc(3, "c")]);
+        assert!(matches!(tx.commit(&[stale]).unwrap(), Outcome::Retry(Retry::Conflict { .. })));
+        assert_eq!(store.read(&p).unwrap().entries, vec![alloc(1, "a"), alloc(2, "b"), alloc(3, "c")]);
         fs::remove_dir_all(dir).unwrap();
     }
 
@@ -814,7 +851,10 @@ mod tests {
         assert_eq!(doc["allocations"]["2"], serde_json::json!({"id": "b", "podref": "ns/p", "ifname": "eth0"}));
         let path = Path::new("/x/p.pool");
         assert_eq!(doc["allocations"][wide.to_string()]["network"], "net-a");
-        assert_eq!(decode_as(path, &bytes, &p).unwrap(), Pool { version: Version::absent(), entries: entries.into_values().collect(), created_by });
+        assert_eq!(
+            decode_as(path, &bytes, &p).unwrap(),
+            Pool { version: Version::absent(), entries: entries.into_values().collect(), created_by, ..Pool::default() }
+        );
         // Missing fields read as empty; no allocations at all is an empty pool.
         let sparse = br#"{"range": "2001:db8::/64", "allocations": {"5": {"id": "c"}}}"#;
         assert_eq!(
@@ -839,17 +879,17 @@ mod tests {
         let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         store
-            .commit(
+            .commit_alone(
                 &[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a")), Change::Insert(alloc(2, "b"))] }],
                 soon(),
             )
             .unwrap();
-        let v = store.load(&p).unwrap().version;
+        let v = store.read(&p).unwrap().version;
         let changes = vec![Change::Remove { offset: 1 }, Change::SetContainerId { offset: 2, container_id: "b2".into() }];
-        store.commit(&[PoolUpdate { pool: p.clone(), expected: v, changes }], soon()).unwrap();
-        assert_eq!(store.load(&p).unwrap().entries, vec![alloc(2, "b2")]);
-        let bad = PoolUpdate { pool: p.clone(), expected: store.load(&p).unwrap().version, changes: vec![Change::Insert(alloc(2, "dup"))] };
-        assert!(matches!(store.commit(&[bad], soon()), Err(DatastoreError::Inconsistent { .. })));
+        store.commit_alone(&[PoolUpdate { pool: p.clone(), expected: v, changes }], soon()).unwrap();
+        assert_eq!(store.read(&p).unwrap().entries, vec![alloc(2, "b2")]);
+        let bad = PoolUpdate { pool: p.clone(), expected: store.read(&p).unwrap().version, changes: vec![Change::Insert(alloc(2, "dup"))] };
+        assert!(matches!(store.commit_alone(&[bad], soon()), Err(Refused::Failed(DatastoreError::Inconsistent { .. }))));
         fs::remove_dir_all(dir).unwrap();
     }
 
@@ -860,8 +900,8 @@ mod tests {
         store.ensure_dir().unwrap();
         let held = store.lock("p", soon()).unwrap();
         let update = PoolUpdate { pool: pool("p", "192.0.2.0/24"), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] };
-        let err = store.commit(&[update], Instant::now() + Duration::from_millis(30)).unwrap_err();
-        assert!(matches!(err, DatastoreError::Timeout { .. }), "{err}");
+        let err = store.commit_alone(&[update], Instant::now() + Duration::from_millis(30)).unwrap_err();
+        assert!(matches!(err, Refused::Failed(DatastoreError::Timeout { .. })), "{err:?}");
         drop(held);
         fs::remove_dir_all(dir).unwrap();
     }
@@ -871,38 +911,42 @@ mod tests {
         let dir = temp_dir("ownlock");
         let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
-        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
-        let guard = store.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
-        let version = store.load(&p).unwrap().version;
+        store.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        let mut tx = store.begin(std::slice::from_ref(&p), Purpose::Update, Instant::now() + Duration::from_millis(500)).unwrap();
+        let version = tx.load().unwrap().remove(0).version;
         let update = PoolUpdate { pool: p.clone(), expected: version, changes: vec![Change::Insert(alloc(2, "b"))] };
-        store.commit(&[update], Instant::now() + Duration::from_millis(500)).expect("no self-deadlock");
-        drop(guard);
-        assert_eq!(store.load(&p).unwrap().entries.len(), 2);
+        assert_eq!(tx.commit(&[update]).expect("no self-deadlock"), Outcome::Committed);
+        assert_eq!(store.read(&p).unwrap().entries.len(), 2);
         fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
-    fn a_second_writer_queues_behind_the_update_lock_and_then_proceeds() {
+    fn a_second_writer_queues_behind_the_first_ones_load_and_then_proceeds() {
         let dir = temp_dir("queue");
         let first = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
-        first.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
-        let guard = first.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
+        first.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        let mut holding = first.begin(std::slice::from_ref(&p), Purpose::Update, soon()).unwrap();
+        holding.load().unwrap();
         let (dir2, p2) = (dir.clone(), p.clone());
         let second = std::thread::spawn(move || {
             let store = FileStore::new(&dir2, "net");
             let started = Instant::now();
-            let _lock = store.lock_for_update(std::slice::from_ref(&p2), Instant::now() + Duration::from_secs(5)).unwrap();
+            store.begin(std::slice::from_ref(&p2), Purpose::Update, Instant::now() + Duration::from_secs(5)).unwrap().load().unwrap();
             started.elapsed()
         });
         std::thread::sleep(Duration::from_millis(100));
-        drop(guard);
+        drop(holding);
         let waited = second.join().unwrap();
         assert!(waited >= Duration::from_millis(90), "the second writer must wait for the first ({waited:?})");
-        // And a writer that cannot get it in time reports a timeout, not a hang.
-        let _guard = first.lock_for_update(std::slice::from_ref(&p), soon()).unwrap();
+        // A reader does not queue; a writer that cannot get the lock in time
+        // reports a timeout, not a hang.
+        let mut holding = first.begin(std::slice::from_ref(&p), Purpose::Update, soon()).unwrap();
+        holding.load().unwrap();
         let other = FileStore::new(&dir, "net");
-        assert!(matches!(other.lock_for_update(&[p], Instant::now() + Duration::from_millis(30)), Err(DatastoreError::Timeout { .. })));
+        assert_eq!(other.read(&p).unwrap().entries.len(), 1);
+        let late = other.begin(std::slice::from_ref(&p), Purpose::Update, Instant::now() + Duration::from_millis(30)).unwrap().load();
+        assert!(matches!(late, Err(DatastoreError::Timeout { .. })), "{late:?}");
         fs::remove_dir_all(dir).unwrap();
     }
 
@@ -912,9 +956,9 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("f"), b"x").unwrap();
         let store = FileStore::new(dir.join("f"), "net");
-        assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
+        assert!(matches!(store.read(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
         let nested = FileStore::new(dir.join("f/sub"), "net");
-        assert!(matches!(nested.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
+        assert!(matches!(nested.read(&pool("p", "192.0.2.0/24")), Err(DatastoreError::NotADirectory { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
 
@@ -924,7 +968,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("p.pool"), b"{\"range\":").unwrap();
         let store = FileStore::new(&dir, "net");
-        assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
+        assert!(matches!(store.read(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
 
@@ -935,22 +979,22 @@ mod tests {
         let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
         let path = dir.join("p.pool");
-        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        store.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
         let first = fs::metadata(&path).unwrap();
         for n in 2..5u128 {
-            let expected = store.load(&p).unwrap().version;
-            store.commit(&[PoolUpdate { pool: p.clone(), expected, changes: vec![Change::Insert(alloc(n, "b"))] }], soon()).unwrap();
+            let expected = store.read(&p).unwrap().version;
+            store.commit_alone(&[PoolUpdate { pool: p.clone(), expected, changes: vec![Change::Insert(alloc(n, "b"))] }], soon()).unwrap();
             let now = fs::metadata(&path).unwrap();
             assert_eq!((now.ino(), now.len()), (first.ino(), first.len()), "an in-place slot write");
         }
-        assert_eq!(store.load(&p).unwrap().version, Version("4".into()));
+        assert_eq!(store.read(&p).unwrap().version, Version("4".into()));
         // ~60 bytes per entry: 200 entries outgrow a 4 KiB slot.
-        let expected = store.load(&p).unwrap().version;
+        let expected = store.read(&p).unwrap().version;
         let many = (10..210u128).map(|n| Change::Insert(alloc(n, "c"))).collect();
-        store.commit(&[PoolUpdate { pool: p.clone(), expected, changes: many }], soon()).unwrap();
+        store.commit_alone(&[PoolUpdate { pool: p.clone(), expected, changes: many }], soon()).unwrap();
         let grown = fs::metadata(&path).unwrap();
         assert!(grown.len() > first.len() && grown.ino() != first.ino(), "rebuilt larger");
-        let loaded = store.load(&p).unwrap();
+        let loaded = store.read(&p).unwrap();
         assert_eq!((loaded.version, loaded.entries.len()), (Version("5".into()), 204));
         assert!(!store.temp_path("p").exists());
         fs::remove_dir_all(dir).unwrap();
@@ -962,20 +1006,20 @@ mod tests {
         let dir = temp_dir("tornslot");
         let store = FileStore::new(&dir, "net");
         let p = pool("p", "192.0.2.0/24");
-        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
-        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
+        store.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version::absent(), changes: vec![Change::Insert(alloc(1, "a"))] }], soon()).unwrap();
+        store.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "b"))] }], soon()).unwrap();
         // Version 2 went to slot 1; damage one byte of its payload.
         let file = OpenOptions::new().write(true).open(dir.join("p.pool")).unwrap();
         file.write_all_at(b"#", 4096 + pool_file::HEADER_LEN as u64 + 5).unwrap();
-        let loaded = store.load(&p).unwrap();
+        let loaded = store.read(&p).unwrap();
         assert_eq!((loaded.version, loaded.entries), (Version("1".into()), vec![alloc(1, "a")]));
         // The next commit builds on version 1 and overwrites the torn slot.
-        store.commit(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(3, "c"))] }], soon()).unwrap();
-        assert_eq!(store.load(&p).unwrap().entries, vec![alloc(1, "a"), alloc(3, "c")]);
+        store.commit_alone(&[PoolUpdate { pool: p.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(3, "c"))] }], soon()).unwrap();
+        assert_eq!(store.read(&p).unwrap().entries, vec![alloc(1, "a"), alloc(3, "c")]);
         // Both slots damaged: an error, never an empty pool.
         file.write_all_at(b"#", pool_file::HEADER_LEN as u64 + 5).unwrap();
         file.write_all_at(b"#", 4096 + pool_file::HEADER_LEN as u64 + 5).unwrap();
-        assert!(matches!(store.load(&p), Err(DatastoreError::Corrupt { .. })));
+        assert!(matches!(store.read(&p), Err(DatastoreError::Corrupt { .. })));
         fs::remove_dir_all(dir).unwrap();
     }
 
@@ -985,8 +1029,8 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         pool_file::write_path(&dir.join("p.pool"), 3, br#"{"range": "198.51.100.0/24", "allocations": {}}"#).unwrap();
         let store = FileStore::new(&dir, "net");
-        assert!(matches!(store.load(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
-        assert_eq!(store.load(&pool("p", "198.51.100.0/24")).unwrap().version, Version("3".into()));
+        assert!(matches!(store.read(&pool("p", "192.0.2.0/24")), Err(DatastoreError::Corrupt { .. })));
+        assert_eq!(store.read(&pool("p", "198.51.100.0/24")).unwrap().version, Version("3".into()));
         fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,9 +1,10 @@
 //! Where allocations live. One trait for every backend (the embedded file store,
-//! Kubernetes `IPPool`s, etcd keys): read a pool with an opaque version,
-//! then commit changes to several pools at once, all or nothing, only if what the
-//! plan relied on is still true (compare-and-swap, see [`Datastore::commit`] for
-//! what each backend compares). Planning happens between the two in the engine,
-//! so a backend never decides which address anyone gets.
+//! Kubernetes `IPPool`s, etcd keys). A command begins a [`Transaction`] over its
+//! pools: it reads them with opaque versions, then commits changes to several
+//! pools at once, all or nothing, only if what the plan relied on is still true
+//! (compare-and-swap, see [`Transaction::commit`] for what each backend
+//! compares). Planning happens between the two in the engine, so a backend
+//! never decides which address anyone gets.
 
 pub mod etcd;
 pub mod failure;
@@ -57,6 +58,12 @@ pub struct Pool {
     /// GC. An entry without one (any other store; a file-store entry written
     /// before thereabouts recorded it) has no known creator.
     pub created_by: BTreeMap<u128, Arc<str>>,
+    /// Offsets someone else holds outside this pool, as far as this cycle found
+    /// out (an address an overlapping range of another pool holds, or one a
+    /// racing writer just reserved): the planner treats them as taken. Found by
+    /// commits that ran into them ([`Retry::Reserved`] when the reservation is
+    /// older than the pool as read, [`Retry::Conflict`] when it is newer).
+    pub reserved: Vec<u128>,
 }
 
 /// One change to a pool.
@@ -118,7 +125,7 @@ pub fn apply_changes(entries: &mut BTreeMap<u128, Allocation>, changes: &[Change
 
 /// The changes to one pool, planned on the pool as read at `expected`. How much
 /// of that read must still hold for the changes to apply is the backend's
-/// compare-and-swap (see [`Datastore::commit`]).
+/// compare-and-swap (see [`Transaction::commit`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolUpdate {
     pub pool: PoolId,
@@ -128,15 +135,6 @@ pub struct PoolUpdate {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DatastoreError {
-    /// A pool moved since it was read: read again, plan again, retry.
-    #[error("pool {pool} changed concurrently")]
-    Conflict { pool: String },
-    /// An address the plan chose turned out to be reserved already, before the
-    /// pool was read: by an overlapping range, not by a writer racing for it. The
-    /// reservation is now among [`Datastore::reserved`]: plan again around it at
-    /// once (lowest free, no backoff, not a conflict for the engine's `contention`).
-    #[error("address {name} of pool {pool} is reserved by an overlapping range")]
-    Reserved { pool: String, name: String },
     /// The call's time budget ran out (waiting for a lock, or retrying conflicts).
     #[error("datastore busy: {what} did not finish within the time limit")]
     Timeout { what: String },
@@ -187,25 +185,93 @@ impl DatastoreError {
     }
 }
 
+/// What one command's cycle is for, so a store prepares only what that needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose<'a> {
+    /// Reading only (CHECK, STATUS, the `pools` command): no locks, no writes.
+    Read,
+    /// Reading, planning and committing (ADD, GC).
+    Update,
+    /// A DEL of one attachment in a store that keeps reservations: it also
+    /// finds what the attachment holds outside the pools, for
+    /// [`Transaction::free_leftovers`]. Kubernetes: one LIST of the reservations
+    /// labelled with the attachment.
+    Release { container_id: &'a str, ifname: &'a str },
+}
+
+/// Why a commit did not apply, and the cycle should read again, plan again and
+/// commit again (how soon is the caller's retry policy, `ipam`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retry {
+    /// A pool moved since it was read (a racing writer): read again after a
+    /// pause, and count it as contention for the engine.
+    Conflict { pool: String },
+    /// An address the plan chose turned out to be reserved already, before the
+    /// pool was read: by an overlapping range, not by a writer racing for it.
+    /// The reservation is now among the pool's [`Pool::reserved`]: plan again
+    /// around it at once (lowest free, no pause, not contention).
+    Reserved { pool: String, name: String },
+}
+
+/// How a [`Transaction::commit`] ended, when the store answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every update applied.
+    Committed,
+    /// None applied; see [`Retry`].
+    Retry(Retry),
+}
+
+/// A datastore: where allocations live. Everything one command needs lives in
+/// the [`Transaction`] it begins, never in the store, which only holds what
+/// outlives a call (the connection, the directory).
 pub trait Datastore {
     /// What and where, for logs and the `pools` command.
     fn describe(&self) -> String;
 
-    /// The pool's current content; an absent pool is empty with [`Version::absent`].
-    /// Within one read-plan-commit cycle a store whose commit checks entries, not
-    /// versions, may answer from its previous read after a conflict the pool did
-    /// not cause (Kubernetes, after a lost reservation race).
-    fn load(&self, pool: &PoolId) -> Result<Pool, DatastoreError>;
+    /// What kind of store this is, as far as the allocation cycle cares.
+    fn capabilities(&self) -> Capabilities;
 
-    /// Applies every update or none, each only if the pool still agrees with what
-    /// the plan relied on; otherwise fails with [`DatastoreError::Conflict`] (the
-    /// caller reads again and plans again). Waits for other writers no longer than
-    /// `deadline`. What is compared depends on the backend:
+    /// Whether the datastore can serve an ADD now (CNI STATUS).
+    fn check_usable(&self, deadline: Instant) -> Result<(), DatastoreError>;
+
+    /// One command's read-plan-commit cycle over `pools` (each once, in the
+    /// config's range order), which must end by `deadline`: no request, lock
+    /// wait or retry of the transaction outlasts it. Dropping the transaction
+    /// ends the cycle, however it went: the store frees what it kept for a
+    /// retry that will not come (Kubernetes: the reservations this call made
+    /// for addresses no commit recorded).
+    fn begin<'s>(&'s self, pools: &[PoolId], purpose: Purpose<'_>, deadline: Instant) -> Result<Box<dyn Transaction + 's>, DatastoreError>;
+}
+
+/// One command's cycle: `load` → plan (the engine) → `commit`, again after a
+/// [`Retry`], within the deadline given to [`Datastore::begin`].
+pub trait Transaction {
+    /// The cycle's pools now, in the order given to `begin`; an absent pool is
+    /// empty with [`Version::absent`]. Each carries the offsets this cycle found
+    /// reserved by others so far ([`Pool::reserved`]).
+    ///
+    /// - file: takes each existing pool's `flock` in name order first (not for
+    ///   [`Purpose::Read`]), held until the commit: writers of one node queue
+    ///   instead of invalidating each other's plans, which under a burst makes
+    ///   tail latency explode. A pool that does not exist yet is not locked (a
+    ///   DEL or GC of nothing writes nothing); its first writers meet in the
+    ///   commit's version check.
+    /// - kubernetes: one LIST per pool, except after a lost reservation race,
+    ///   when the pools refused nothing: then the reads it has (their entry
+    ///   guards make a stale read safe).
+    /// - etcd: one GET, or one read-only transaction for several pools.
+    fn load(&mut self) -> Result<Vec<Pool>, DatastoreError>;
+
+    /// Applies every update or none, each only if the pool still agrees with
+    /// what the plan relied on (compare-and-swap); otherwise [`Outcome::Retry`].
+    /// What is compared depends on the backend:
     ///
     /// - file: the whole pool's version. Any write since the read is a conflict
-    ///   (writers of one node queue on a lock, so this rarely happens).
+    ///   (writers of one node queue on the locks `load` took, so this is rare).
+    ///   The locks go when the commit returns.
     /// - kubernetes: each entry the update touches, not the `resourceVersion`
-    ///   (`expected` only names the object read). An [`Change::Insert`] applies
+    ///   (`expected` only names the object read). A [`Change::Insert`] applies
     ///   only if its offset is still free, a [`Change::Remove`] or
     ///   [`Change::SetContainerId`] only if the entry still has the container ID
     ///   read; other writers' changes to other entries in the meantime do not
@@ -217,66 +283,18 @@ pub trait Datastore {
     ///   file store; `create_revision == 0` for an absent pool) and each new
     ///   reservation key's absence, all in one transaction: every pool of the
     ///   call lands or none does (see [`etcd`]).
-    ///
-    /// A store may keep what it set up for a commit that conflicted (the
-    /// Kubernetes store: the reservations of the addresses it planned) so the
-    /// retry can reuse it; [`finish`](Datastore::finish) frees whatever no commit
-    /// used in the end.
-    fn commit(&self, updates: &[PoolUpdate], deadline: Instant) -> Result<(), DatastoreError>;
+    fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError>;
 
-    /// The end of a command's read-plan-commit cycle, however it ended (committed,
-    /// failed, out of time): frees what the store kept across conflicts for a
-    /// retry that will not come. Kubernetes: deletes the reservations this process
-    /// created for addresses no successful commit recorded. Best effort (logged),
-    /// bounded by `deadline` plus a short grace.
-    fn finish(&self, _deadline: Instant) {}
-
-    /// DEL, before its pools are read: lets the store look up what the
-    /// attachment (container ID, interface) holds outside the pools, for
-    /// [`end_release`](Datastore::end_release). Kubernetes: one LIST of the
-    /// reservations labelled with the attachment.
-    fn begin_release(&self, _container_id: &str, _ifname: &str, _deadline: Instant) -> Result<(), DatastoreError> {
-        Ok(())
-    }
-
-    /// DEL, after its entries left the pools: frees what the attachment still
-    /// holds outside them, and returns how many. Kubernetes: reservations an ADD
-    /// made and could not delete before it failed (the apiserver went away, the
-    /// process was killed); no pool entry leads to those. A reservation named in
-    /// `in_use` stays: it guards an entry the DEL left in the pools (a newer
-    /// container of the same pod adopted it, [`Change::SetContainerId`]), and a
-    /// reservation goes only together with the entry it guards.
-    fn end_release(&self, _in_use: &[String], _deadline: Instant) -> Result<usize, DatastoreError> {
+    /// [`Purpose::Release`] only, after the DEL's commit: frees what the
+    /// attachment still holds outside the pools, and returns how many.
+    /// Kubernetes: reservations an ADD made and could not delete before it
+    /// failed (the apiserver went away, the process was killed); no pool entry
+    /// leads to those. A reservation named in `in_use` stays: it guards an entry
+    /// the DEL left in the pools (a newer container of the same pod adopted it,
+    /// [`Change::SetContainerId`]), and a reservation goes only together with
+    /// the entry it guards.
+    fn free_leftovers(&mut self, _in_use: &[String]) -> Result<usize, DatastoreError> {
         Ok(0)
-    }
-
-    /// Whether the datastore can serve an ADD now (CNI STATUS).
-    fn check_usable(&self) -> Result<(), DatastoreError>;
-
-    /// Queue this call behind other writers of the same pools, where that is cheap
-    /// and local (the file store: one `flock` per pool, on one node). Held until the
-    /// returned guard drops. Compare-and-swap in `commit` stays the guarantee; this
-    /// only stops concurrent writers from repeatedly invalidating each other's
-    /// plans, which under a burst makes tail latency explode. Shared stores
-    /// (Kubernetes, etcd) take no lock (CAS alone), but use the call to record the
-    /// deadline for their loads; etcd also reads a multi-range call's pool keys
-    /// together here.
-    fn lock_for_update(&self, _pools: &[PoolId], _deadline: Instant) -> Result<UpdateLock, DatastoreError> {
-        Ok(UpdateLock::none())
-    }
-
-    /// What kind of store this is, as far as the allocation cycle cares.
-    fn capabilities(&self) -> Capabilities;
-
-    /// Offsets of `pool` this store found reserved by someone else (an address an
-    /// overlapping range of another pool holds, or one a racing writer just took)
-    /// since it was opened; the planner treats them as taken. A commit that runs
-    /// into such a reservation records it here, then reports
-    /// [`DatastoreError::Reserved`] when the reservation is older than the pool as
-    /// read (nobody raced: plan again, lowest free around it, as whereabouts
-    /// does) and [`DatastoreError::Conflict`] when it is newer (a racing writer).
-    fn reserved(&self, _pool: &PoolId) -> Vec<u128> {
-        Vec::new()
     }
 }
 
@@ -291,9 +309,8 @@ pub struct Capabilities {
     /// The store keeps cluster-wide address reservations ([`Change::Reserve`],
     /// [`Change::Unreserve`]); callers skip computing them for stores that do not.
     pub reservations: bool,
-    /// The first and the longest pause between attempts after a failed
-    /// compare-and-swap ([`DatastoreError::Conflict`]), each jittered
-    /// ([`retry::Backoff::between`]).
+    /// The first and the longest pause between attempts after a
+    /// [`Retry::Conflict`], each jittered ([`retry::Backoff::between`]).
     pub conflict_pauses: (Duration, Duration),
 }
 
@@ -303,18 +320,6 @@ impl Capabilities {
     /// A store every node writes, with reservations.
     pub fn shared(conflict_pauses: (Duration, Duration)) -> Self {
         Capabilities { shared_by_nodes: true, reservations: true, conflict_pauses }
-    }
-}
-
-/// What [`Datastore::lock_for_update`] holds; releases on drop.
-pub struct UpdateLock(#[allow(dead_code, reason = "held for its Drop")] Option<Box<dyn Send>>);
-
-impl UpdateLock {
-    pub fn none() -> Self {
-        UpdateLock(None)
-    }
-    pub fn holding(guard: impl Send + 'static) -> Self {
-        UpdateLock(Some(Box::new(guard)))
     }
 }
 

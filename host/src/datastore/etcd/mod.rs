@@ -8,19 +8,18 @@
 //!   reserved address (only with `enable_overlapping_ranges`, the default).
 //!   Prefix: `etcd_prefix`, default `/thereabouts/`. Not whereabouts' old
 //!   (v0.5) etcd layout, which had no pod references and took a lock per call.
-//! - [`load`](Datastore::load): one GET of the pool key, or for a multi-range
-//!   call the read of all its pool keys in one transaction at the start of each
-//!   attempt ([`lock_for_update`](Datastore::lock_for_update)); the version is
-//!   its `mod_revision`, absent = empty pool.
-//! - [`commit`](Datastore::commit): one transaction for every pool of the call
+//! - [`load`](super::Transaction::load): one GET of the pool key, or for a
+//!   multi-range call the read of all its pool keys in one transaction; the
+//!   version is its `mod_revision`, absent = empty pool.
+//! - [`commit`](super::Transaction::commit): one transaction for every pool of the call
 //!   ([`txn`]): each pool key guarded by the `mod_revision` read (absent:
 //!   `create_revision == 0`), each new reservation key guarded absent. Either all
 //!   of a multi-range ADD lands, or nothing; a failed guard is
-//!   [`DatastoreError::Conflict`] and the caller reads again and plans again. No
+//!   [`Retry::Conflict`](super::Retry::Conflict) and the caller reads again and plans again. No
 //!   locks, no leases. When reservations are involved, their keys are read first
 //!   (one read-only transaction): one held by another attachment refuses the plan
 //!   before anything is written, and the planner avoids its address
-//!   ([`reserved`](Datastore::reserved); [`DatastoreError::Reserved`] when the
+//!   ([`Pool::reserved`](super::Pool::reserved); [`Retry::Reserved`](super::Retry::Reserved) when the
 //!   reservation is older than the pool as read, a conflict when it is newer).
 //!   A removed entry's reservation is deleted in the same transaction, guarded by
 //!   its `mod_revision`, when it is still the entry's attachment's.
@@ -45,24 +44,24 @@
 pub mod failure;
 pub mod layout;
 pub mod settings;
+mod transaction;
 pub mod txn;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue, TlsOptions, Txn, TxnOp, TxnOpResponse};
 use thereabouts_allocator::model::DatastoreSettings;
 
 use super::failure::Class;
-use super::retry;
-use super::{Capabilities, Datastore, DatastoreError, Pool, PoolId, PoolUpdate, UpdateLock, Version};
+use super::{Capabilities, Datastore, DatastoreError, PoolId, Purpose, Transaction};
 use crate::logging;
-use layout::{Layout, PoolValue, ReservationValue};
+use layout::{Layout, ReservationValue};
 use settings::Settings;
-use txn::{CommitTxn, Guard, Reads, Refusal, StoredReservation, Write};
+use txn::{CommitTxn, Guard, StoredReservation, Write};
 
 /// Longest wait for one answer (or for connecting), whatever the call's budget.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -84,21 +83,8 @@ pub struct EtcdStore {
     layout: Layout,
     /// Connected on first use (connecting authenticates when a user is set).
     client: Mutex<Option<Client>>,
-    /// The current call's deadline: set by `lock_for_update` and `commit`, which
-    /// receive it; until then the default command budget from opening.
-    deadline: Mutex<Instant>,
+    /// Requests sent so far by this process (for logs and benches).
     requests: AtomicU32,
-    /// The last read of each pool, by pool name: the value a commit changes.
-    pools: Mutex<HashMap<String, PoolValue>>,
-    /// Per pool name: the store revision its last read saw, to tell a
-    /// reservation older than the read (an overlapping range) from a racer's.
-    read_revisions: Mutex<HashMap<String, i64>>,
-    /// Offsets found reserved by others, per pool name.
-    reserved: Mutex<HashMap<String, BTreeSet<u128>>>,
-    /// Pool keys read together at the start of an attempt
-    /// ([`lock_for_update`](Datastore::lock_for_update)), by pool name, each
-    /// handed to the attempt's next [`load`](Datastore::load) once.
-    prefetched: Mutex<HashMap<String, Pool>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -114,31 +100,12 @@ impl EtcdStore {
             .enable_time()
             .build()
             .map_err(|e| DatastoreError::EtcdConfig { detail: format!("cannot start the etcd client's runtime: {e}") })?;
-        Ok(Self {
-            runtime,
-            settings,
-            layout: Layout::new(d.etcd_prefix.as_deref()),
-            client: Mutex::default(),
-            deadline: Mutex::new(Instant::now() + retry::budget(retry::OTHER_BUDGET)),
-            requests: AtomicU32::new(0),
-            pools: Mutex::default(),
-            read_revisions: Mutex::default(),
-            reserved: Mutex::default(),
-            prefetched: Mutex::default(),
-        })
+        Ok(Self { runtime, settings, layout: Layout::new(d.etcd_prefix.as_deref()), client: Mutex::default(), requests: AtomicU32::new(0) })
     }
 
     /// etcd requests sent so far (connecting counts as one).
     pub fn requests(&self) -> u32 {
         self.requests.load(Ordering::Relaxed)
-    }
-
-    fn deadline(&self) -> Instant {
-        *lock(&self.deadline)
-    }
-
-    fn set_deadline(&self, deadline: Instant) {
-        *lock(&self.deadline) = deadline;
     }
 
     fn error(&self, class: Class, action: &str, detail: String) -> DatastoreError {
@@ -207,41 +174,28 @@ impl EtcdStore {
         Ok(client)
     }
 
-    /// Records a pool key as read at store revision `read_revision` (`kv`
-    /// None: absent) and returns the pool: the value a commit changes, and the
-    /// revision that tells an overlapping range's reservation from a racer's.
-    fn remember(&self, name: &str, key: &str, kv: Option<&etcd_client::KeyValue>, read_revision: i64) -> Result<Pool, DatastoreError> {
-        lock(&self.read_revisions).insert(name.to_string(), read_revision);
-        let Some(kv) = kv else {
-            lock(&self.pools).remove(name);
-            return Ok(Pool::default());
-        };
-        let value = PoolValue::decode(kv.value()).map_err(|detail| DatastoreError::Malformed { object: format!("etcd key {key}"), detail })?;
-        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries(), ..Pool::default() };
-        lock(&self.pools).insert(name.to_string(), value);
-        Ok(loaded)
-    }
-
-    /// Every pool key of `pools` in one read-only transaction (one round trip
-    /// instead of one per range: under a burst every attempt pays it).
-    fn read_pools(&self, pools: &[PoolId], deadline: Instant) -> Result<(), DatastoreError> {
+    /// The pool keys of `pools` as stored now (`None`: absent), with the store
+    /// revision of the read: one GET for one pool, else every key in one
+    /// read-only transaction (one round trip instead of one per range: under a
+    /// burst every attempt pays it).
+    fn read_pools(&self, pools: &[PoolId], deadline: Instant) -> Result<(Vec<Option<KeyValue>>, i64), DatastoreError> {
         let mut client = self.client(deadline)?;
         let keys: Vec<String> = pools.iter().map(|p| self.layout.pool_key(&p.name)).collect();
+        if let [key] = keys.as_slice() {
+            let response = self.bounded(&format!("reading pool key {key}"), deadline, client.get(key.clone(), None))?;
+            let read_revision = response.header().map(|h| h.revision()).unwrap_or(0);
+            return Ok((vec![response.kvs().first().cloned()], read_revision));
+        }
         let gets: Vec<TxnOp> = keys.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
         let action = format!("reading pool keys {} in one transaction", keys.join(", "));
         let response = self.bounded(&action, deadline, client.txn(Txn::new().and_then(gets)))?;
         let read_revision = response.header().map(|h| h.revision()).unwrap_or(0);
-        let mut read = HashMap::new();
-        for ((pool, key), op) in pools.iter().zip(&keys).zip(response.op_responses()) {
-            let TxnOpResponse::Get(get) = op else { continue };
-            read.insert(pool.name.clone(), self.remember(&pool.name, key, get.kvs().first(), read_revision)?);
-        }
-        *lock(&self.prefetched) = read;
-        Ok(())
+        let read = response.op_responses().into_iter().map(|op| if let TxnOpResponse::Get(get) = op { get.kvs().first().cloned() } else { None }).collect();
+        Ok((read, read_revision))
     }
 
     /// The reservation keys `names`, in one read-only transaction.
-    fn read_reservations(&self, names: &[String], deadline: Instant) -> Result<HashMap<String, Option<StoredReservation>>, DatastoreError> {
+    pub(super) fn read_reservations(&self, names: &[String], deadline: Instant) -> Result<HashMap<String, Option<StoredReservation>>, DatastoreError> {
         let mut client = self.client(deadline)?;
         let gets: Vec<TxnOp> = names.iter().map(|n| TxnOp::get(self.layout.reservation_key(n), None)).collect();
         let action = format!("reading {} reservation key(s) under {}reservations/", names.len(), self.layout.prefix());
@@ -263,7 +217,7 @@ impl EtcdStore {
         Ok(found)
     }
 
-    fn send(&self, commit: CommitTxn, pools: &str, deadline: Instant) -> Result<bool, DatastoreError> {
+    pub(super) fn send(&self, commit: CommitTxn, pools: &str, deadline: Instant) -> Result<bool, DatastoreError> {
         let mut client = self.client(deadline)?;
         let compares: Vec<Compare> = commit
             .guards
@@ -296,76 +250,24 @@ impl Datastore for EtcdStore {
         text
     }
 
-    fn load(&self, pool: &PoolId) -> Result<Pool, DatastoreError> {
-        if let Some(read) = lock(&self.prefetched).remove(&pool.name) {
-            return Ok(read);
-        }
-        let deadline = self.deadline();
-        let mut client = self.client(deadline)?;
-        let key = self.layout.pool_key(&pool.name);
-        let response = self.bounded(&format!("reading pool key {key}"), deadline, client.get(key.clone(), None))?;
-        let read_revision = response.header().map(|h| h.revision()).unwrap_or(0);
-        self.remember(&pool.name, &key, response.kvs().first(), read_revision)
-    }
-
-    fn commit(&self, updates: &[PoolUpdate], deadline: Instant) -> Result<(), DatastoreError> {
-        self.set_deadline(deadline);
-        let names = txn::reservation_names(updates);
-        let reservations = if names.is_empty() { HashMap::new() } else { self.read_reservations(&names, deadline)? };
-        let pools = lock(&self.pools).clone();
-        let built = txn::build(&self.layout, updates, &Reads { pools: &pools, reservations: &reservations });
-        let commit = match built {
-            Ok(commit) => commit,
-            Err(Refusal::HeldElsewhere { pool, name, offset, create_revision }) => {
-                logging::debug(format!("address of offset {offset} in pool {pool} is reserved as {name} by another attachment; planning around it"));
-                lock(&self.reserved).entry(pool.clone()).or_default().insert(offset);
-                let read_revision = lock(&self.read_revisions).get(&pool).copied().unwrap_or(0);
-                return Err(if create_revision <= read_revision { DatastoreError::Reserved { pool, name } } else { DatastoreError::Conflict { pool } });
-            }
-            Err(Refusal::Inconsistent { pool, detail }) => return Err(DatastoreError::Inconsistent { pool, detail }),
-        };
-        if commit.writes.is_empty() {
-            return Ok(());
-        }
-        let written: Vec<&str> = updates.iter().filter(|u| !u.changes.is_empty()).map(|u| u.pool.name.as_str()).collect();
-        let result = self.send(commit, &written.join(", "), deadline);
-        // Whatever happened, the reads of these pools are stale now.
-        let mut read = lock(&self.pools);
-        for name in &written {
-            read.remove(*name);
-        }
-        if result? { Ok(()) } else { Err(DatastoreError::Conflict { pool: written.join(", ") }) }
-    }
-
-    /// One read of the prefix (a key at most): reachable, a leader, credentials
-    /// and read permission on the prefix.
-    fn check_usable(&self) -> Result<(), DatastoreError> {
-        let deadline = self.deadline();
-        let mut client = self.client(deadline)?;
-        let prefix = self.layout.prefix().to_string();
-        let options = GetOptions::new().with_prefix().with_keys_only().with_limit(1);
-        self.bounded(&format!("reading under {prefix}"), deadline, client.get(prefix.clone(), Some(options))).map(|_| ())
-    }
-
-    /// No lock (CAS alone); records the call's deadline for the loads that
-    /// follow, and reads the pool keys of a multi-range call together for them.
-    fn lock_for_update(&self, pools: &[PoolId], deadline: Instant) -> Result<UpdateLock, DatastoreError> {
-        self.set_deadline(deadline);
-        lock(&self.prefetched).clear();
-        if pools.len() > 1 {
-            self.read_pools(pools, deadline)?;
-        }
-        Ok(UpdateLock::none())
-    }
-
     /// Every node writes the same keys: GC cannot tell another node's live
     /// entry from garbage, so it removes nothing (as with Kubernetes).
     fn capabilities(&self) -> Capabilities {
         Capabilities::shared((FIRST_CONFLICT_PAUSE, MAX_CONFLICT_PAUSE))
     }
 
-    fn reserved(&self, pool: &PoolId) -> Vec<u128> {
-        lock(&self.reserved).get(&pool.name).map(|s| s.iter().copied().collect()).unwrap_or_default()
+    /// One read of the prefix (a key at most): reachable, a leader, credentials
+    /// and read permission on the prefix.
+    fn check_usable(&self, deadline: Instant) -> Result<(), DatastoreError> {
+        let mut client = self.client(deadline)?;
+        let prefix = self.layout.prefix().to_string();
+        let options = GetOptions::new().with_prefix().with_keys_only().with_limit(1);
+        self.bounded(&format!("reading under {prefix}"), deadline, client.get(prefix.clone(), Some(options))).map(|_| ())
+    }
+
+    /// No lock, no lease: compare-and-swap alone (see [`transaction`]).
+    fn begin<'s>(&'s self, pools: &[PoolId], _purpose: Purpose<'_>, deadline: Instant) -> Result<Box<dyn Transaction + 's>, DatastoreError> {
+        Ok(Box::new(transaction::EtcdTransaction::new(self, pools, deadline)))
     }
 }
 

@@ -5,7 +5,7 @@
 //! - Each pool written is guarded by the version read: `mod_revision == <read>`,
 //!   or `create_revision == 0` when it was absent (etcd's "key does not exist").
 //!   Any write to the pool since the read fails the whole transaction: the
-//!   caller reads again and plans again ([`DatastoreError::Conflict`](super::super::DatastoreError::Conflict)).
+//!   caller reads again and plans again ([`Retry::Conflict`](super::super::Retry::Conflict)).
 //! - A new reservation is guarded absent; one found held by the same attachment
 //!   (pod and interface) is taken over, guarded by its `mod_revision`. One held
 //!   by anyone else refuses the plan before anything is sent: its address is

@@ -9,6 +9,7 @@ use thereabouts_allocator::model::Allocation;
 
 use super::mock_api::{Answer, store};
 use super::*;
+use crate::datastore::{Change, Outcome, Pool, PoolUpdate, Retry, Version};
 
 const API: &str = "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns";
 
@@ -62,6 +63,14 @@ fn add(id: &PoolId, expected: &str, name: &str, a: &Allocation) -> PoolUpdate {
     }
 }
 
+fn conflict(r: Result<Outcome, DatastoreError>) -> bool {
+    matches!(r, Ok(Outcome::Retry(Retry::Conflict { .. })))
+}
+
+fn reserved(r: Result<Outcome, DatastoreError>) -> bool {
+    matches!(r, Ok(Outcome::Retry(Retry::Reserved { .. })))
+}
+
 fn uid_precondition(uid: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}})
 }
@@ -71,12 +80,13 @@ fn add_reads_reserves_then_writes_the_pool() {
     let (p, absent) = (pool("192.0.2.0/24"), pool("198.51.100.0/24"));
     let (s, log, script) =
         store("ns", vec![listed(&p, "10", "12", json!({"1": entry("c1", "a")})), empty_list("12"), created("u2"), created("u3"), ok(), ok()]);
-    let loaded = s.load(&p).unwrap();
-    assert_eq!((loaded.version, loaded.entries), (Version("10".into()), vec![alloc(1, "c1", "a")]));
-    assert_eq!(s.load(&absent).unwrap(), Pool::default());
+    let mut tx = s.begin(&[p.clone(), absent.clone()], Purpose::Update, deadline()).unwrap();
+    let loaded = tx.load().unwrap();
+    assert_eq!((&loaded[0].version, &loaded[0].entries), (&Version("10".into()), &vec![alloc(1, "c1", "a")]));
+    assert_eq!(loaded[1], Pool::default());
     let b = alloc(2, "c2", "b");
     let into_absent = PoolUpdate { expected: Version::absent(), ..add(&absent, "", "198.51.100.2", &b) };
-    s.commit(&[add(&p, "10", "192.0.2.2", &b), into_absent], deadline()).unwrap();
+    assert_eq!(tx.commit(&[add(&p, "10", "192.0.2.2", &b), into_absent]).unwrap(), Outcome::Committed);
     assert_eq!(
         log.lines(),
         [
@@ -95,12 +105,13 @@ fn add_reads_reserves_then_writes_the_pool() {
     );
     assert_eq!(log.body(5)["spec"], json!({"range": "198.51.100.0/24", "allocations": {"2": entry("c2", "b")}}));
     // Committed: nothing is left to free when the call ends.
-    s.finish(deadline());
+    drop(tx);
     assert_eq!(log.lines().len(), 6);
     // Without reservations (`enable_overlapping_ranges: false`): the pool write alone.
     script.then(vec![listed(&p, "13", "13", json!({"1": entry("c1", "a"), "2": entry("c2", "b")})), ok()]);
-    s.load(&p).unwrap();
-    s.commit(&[PoolUpdate { pool: p.clone(), expected: Version("13".into()), changes: vec![Change::Insert(alloc(3, "c3", "c"))] }], deadline()).unwrap();
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    tx.commit(&[PoolUpdate { pool: p.clone(), expected: Version("13".into()), changes: vec![Change::Insert(alloc(3, "c3", "c"))] }]).unwrap();
     assert_eq!(log.lines()[6..], [format!("GET {}", list_path(&p)), format!("PATCH {API}/ippools/192.0.2.0-24")]);
 }
 
@@ -108,19 +119,19 @@ fn add_reads_reserves_then_writes_the_pool() {
 fn add_after_a_lost_pool_race_reads_again_and_reuses_its_reservation() {
     let p = pool("192.0.2.0/24");
     let a = alloc(1, "c1", "a");
-    let conflict = |r: Result<(), DatastoreError>| matches!(r, Err(DatastoreError::Conflict { .. }));
     let (s, log, script) = store("ns", vec![empty_list("5"), created("u1"), Answer::Status(409, "AlreadyExists", Value::Null)]);
-    s.load(&p).unwrap();
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
     // Someone created the pool first (409): a conflict; the reservation stays.
-    assert!(conflict(s.commit(&[PoolUpdate { expected: Version::absent(), ..add(&p, "", "192.0.2.1", &a) }], deadline())));
+    assert!(conflict(tx.commit(&[PoolUpdate { expected: Version::absent(), ..add(&p, "", "192.0.2.1", &a) }])));
     // Planned .1 again on the new read, and its entry's test fails (422).
     script.then(vec![listed(&p, "6", "6", json!({"2": entry("c8", "y")})), Answer::Status(422, "Invalid", Value::Null)]);
-    s.load(&p).unwrap();
-    assert!(conflict(s.commit(&[add(&p, "6", "192.0.2.1", &a)], deadline())));
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[add(&p, "6", "192.0.2.1", &a)])));
     // c9 got .1: planned around it, the reservation of .1 is freed first.
     script.then(vec![listed(&p, "7", "7", json!({"1": entry("c9", "z"), "2": entry("c8", "y")})), ok(), created("u3"), ok()]);
-    s.load(&p).unwrap();
-    s.commit(&[add(&p, "7", "192.0.2.3", &alloc(3, "c1", "a"))], deadline()).unwrap();
+    tx.load().unwrap();
+    assert_eq!(tx.commit(&[add(&p, "7", "192.0.2.3", &alloc(3, "c1", "a"))]).unwrap(), Outcome::Committed);
     let (post, patch) = (format!("POST {API}/overlappingrangeipreservations"), format!("PATCH {API}/ippools/192.0.2.0-24"));
     assert_eq!(
         log.lines(),
@@ -155,15 +166,16 @@ fn add_after_a_lost_reservation_race_plans_again_on_the_same_read() {
             Answer::Ok(reservation("192.0.2.1", "u9", "13", &racer)),
         ],
     );
-    s.load(&p).unwrap();
-    assert!(matches!(s.commit(&[add(&p, "10", "192.0.2.1", &a)], deadline()), Err(DatastoreError::Conflict { .. })));
-    assert_eq!(s.reserved(&p), [1]);
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
     // No new read of the pool; a second taken reservation is not read either.
-    assert_eq!(s.load(&p).unwrap().version, Version("10".into()));
+    let again = tx.load().unwrap().remove(0);
+    assert_eq!((again.version, again.reserved), (Version("10".into()), vec![1]));
     script.then(vec![Answer::Status(409, "AlreadyExists", Value::Null), created("u3"), ok()]);
-    assert!(matches!(s.commit(&[add(&p, "10", "192.0.2.2", &alloc(2, "c1", "a"))], deadline()), Err(DatastoreError::Conflict { .. })));
-    assert_eq!(s.reserved(&p), [1, 2]);
-    s.commit(&[add(&p, "10", "192.0.2.3", &alloc(3, "c1", "a"))], deadline()).unwrap();
+    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.2", &alloc(2, "c1", "a"))])));
+    assert_eq!(tx.load().unwrap()[0].reserved, [1, 2]);
+    tx.commit(&[add(&p, "10", "192.0.2.3", &alloc(3, "c1", "a"))]).unwrap();
     let post = format!("POST {API}/overlappingrangeipreservations");
     assert_eq!(
         log.lines(),
@@ -191,21 +203,22 @@ fn an_older_reservation_is_an_overlapping_range_and_another_containers_is_not_ad
             Answer::Ok(reservation("192.0.2.1", "u9", "8", &alloc(1, "c9", "z"))),
         ],
     );
-    s.load(&p).unwrap();
-    assert!(matches!(s.commit(&[add(&p, "10", "192.0.2.1", &a)], deadline()), Err(DatastoreError::Reserved { .. })));
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    assert!(reserved(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
     // Same pod and interface, but made by its old container c1: that
     // container's DEL frees it, so it is not taken over.
     script.then(vec![Answer::Status(409, "AlreadyExists", Value::Null), Answer::Ok(reservation("192.0.2.2", "u1", "9", &alloc(2, "c1", "a")))]);
-    assert!(matches!(s.commit(&[add(&p, "10", "192.0.2.2", &alloc(2, "c2", "a"))], deadline()), Err(DatastoreError::Reserved { .. })));
-    assert_eq!(s.reserved(&p), [1, 2]);
+    assert!(reserved(tx.commit(&[add(&p, "10", "192.0.2.2", &alloc(2, "c2", "a"))])));
+    assert_eq!(tx.load().unwrap()[0].reserved, [1, 2]);
     // Its own (a retried ADD) or whereabouts' (no container): adopted, no request.
     let mine = alloc(3, "c2", "a");
     let whereabouts = json!({"metadata": {"name": "192.0.2.4", "uid": "w", "resourceVersion": "3"}, "spec": {"podref": "default/a", "ifname": "eth0"}});
     script.then(vec![Answer::Status(409, "AlreadyExists", Value::Null), Answer::Ok(reservation("192.0.2.3", "u3", "9", &mine)), ok()]);
-    s.commit(&[add(&p, "10", "192.0.2.3", &mine)], deadline()).unwrap();
+    assert_eq!(tx.commit(&[add(&p, "10", "192.0.2.3", &mine)]).unwrap(), Outcome::Committed);
     script.then(vec![listed(&p, "11", "14", json!({"3": entry("c2", "a")})), Answer::Status(409, "AlreadyExists", Value::Null), Answer::Ok(whereabouts), ok()]);
-    s.load(&p).unwrap();
-    s.commit(&[add(&p, "11", "192.0.2.4", &alloc(4, "c2", "a"))], deadline()).unwrap();
+    tx.load().unwrap();
+    assert_eq!(tx.commit(&[add(&p, "11", "192.0.2.4", &alloc(4, "c2", "a"))]).unwrap(), Outcome::Committed);
     assert_eq!(log.lines().iter().filter(|l| l.starts_with("DELETE")).count(), 0);
     assert!(script.is_done());
 }
@@ -228,9 +241,9 @@ fn a_failing_later_pool_rolls_back_the_earlier_one_and_frees_the_reservations() 
             ok(),
         ],
     );
-    s.load(&p4).unwrap();
-    s.load(&p6).unwrap();
-    let e = s.commit(&[add(&p4, "10", "192.0.2.1", &a4), add(&p6, "11", "2001-db8--1", &a6)], deadline()).unwrap_err();
+    let mut tx = s.begin(&[p4.clone(), p6.clone()], Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    let e = tx.commit(&[add(&p4, "10", "192.0.2.1", &a4), add(&p6, "11", "2001-db8--1", &a6)]).unwrap_err();
     assert!(matches!(e, DatastoreError::Denied { .. }), "{e}");
     assert_eq!(
         log.lines()[4..7],
@@ -273,16 +286,15 @@ fn del_frees_its_entries_reservations_and_its_leftovers_but_not_what_its_pod_sti
             ok(),
         ],
     );
-    s.begin_release("c1", "eth0", deadline()).unwrap();
-    s.load(&p).unwrap();
-    s.load(&q).unwrap();
+    let mut tx = s.begin(&[p.clone(), q.clone()], Purpose::Release { container_id: "c1", ifname: "eth0" }, deadline()).unwrap();
+    tx.load().unwrap();
     let release = |id: &PoolId, rv: &str, name: &str, holder: &Allocation| PoolUpdate {
         pool: id.clone(),
         expected: Version(rv.into()),
         changes: vec![Change::Remove { offset: holder.offset }, Change::Unreserve { name: name.into(), holder: holder.clone() }],
     };
-    s.commit(&[release(&p, "10", "192.0.2.1", &mine), release(&q, "11", "198.51.100.1", &other_pool)], deadline()).unwrap();
-    assert_eq!(s.end_release(&["192.0.2.5".to_string()], deadline()).unwrap(), 1);
+    tx.commit(&[release(&p, "10", "192.0.2.1", &mine), release(&q, "11", "198.51.100.1", &other_pool)]).unwrap();
+    assert_eq!(tx.free_leftovers(&["192.0.2.5".to_string()]).unwrap(), 1);
     let reservation = |method: &str, name: &str| format!("{method} {API}/overlappingrangeipreservations/{name}");
     assert_eq!(
         log.lines(),
@@ -326,8 +338,7 @@ fn answers_are_classed_as_denied_unavailable_or_rejected() {
         let requests = answers.len();
         let budget = Duration::from_millis(if matches!(answers[0], Answer::Silent) { 200 } else { 5000 });
         let (s, log, script) = store("ns", answers);
-        s.lock_for_update(&[], Instant::now() + budget).unwrap();
-        let got = match s.check_usable() {
+        let got = match s.check_usable(Instant::now() + budget) {
             Ok(()) => "ok",
             Err(DatastoreError::Denied { .. }) => "denied",
             Err(DatastoreError::Unavailable { .. }) => "unavailable",

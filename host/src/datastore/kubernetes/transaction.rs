@@ -1,0 +1,509 @@
+//! One command's cycle on the Kubernetes datastore: what the call learns
+//! between its reads and its commits (the objects read, reservations it made or
+//! found taken, what a DEL's attachment holds) lives here and dies with it.
+//! The request sequence of each path is in `docs/datastores.md`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+
+use http::Method;
+use serde_json::Value;
+use thereabouts_allocator::model::Allocation;
+
+use super::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
+use super::{CLEANUP_GRACE, JSON, JSON_PATCH, KubernetesStore, REQUEST_TIMEOUT, Reply, THROTTLE_RETRIES, WRITE_TIMEOUT, failure, patch};
+use crate::datastore::{Change, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction, Version};
+use crate::logging;
+
+pub(super) struct KubeTransaction<'s> {
+    store: &'s KubernetesStore,
+    pools: Vec<PoolId>,
+    deadline: Instant,
+    /// The last object read per pool name: its keys and shape make the patch.
+    read: HashMap<String, PoolObject>,
+    /// Per pool name: the revision (collection resourceVersion) of its last read.
+    read_revisions: HashMap<String, String>,
+    /// Offsets found reserved by others, per pool name.
+    reserved: HashMap<String, BTreeSet<u128>>,
+    /// Reservations this call created that no successful commit recorded yet,
+    /// by name: kept across a conflict for the retry, deleted when the retry plans
+    /// other addresses, when a commit fails otherwise, and on drop.
+    held: HashMap<String, Held>,
+    /// Set when a commit lost a reservation race: the pools did not refuse
+    /// anything, so the retry plans again on the reads it has (see `load`).
+    reuse_reads: bool,
+    /// Reservation races this call lost. After the first, a reservation found
+    /// taken is not read to see whose it is: see `reserve`.
+    races_lost: u32,
+    /// A DEL's attachment and the reservations labelled with it
+    /// ([`Purpose::Release`]), by name; the ones the DEL frees through pool
+    /// entries leave the map, the rest are leftovers for `free_leftovers`.
+    releasing: Option<Releasing>,
+}
+
+/// See [`KubeTransaction::releasing`].
+struct Releasing {
+    container_id: String,
+    ifname: String,
+    labelled: HashMap<String, crd::ReservationObject>,
+}
+
+/// A reservation this call created.
+#[derive(Debug, Clone)]
+struct Held {
+    uid: String,
+    /// The pool the address was planned in.
+    pool: String,
+    holder: Allocation,
+}
+
+impl Held {
+    /// Whether it reserves the address for `holder`'s attachment (same container,
+    /// pod and interface), so a retry that plans the address again can use it.
+    fn serves(&self, holder: &Allocation) -> bool {
+        self.holder.container_id == holder.container_id && self.holder.pod_ref == holder.pod_ref && self.holder.ifname == holder.ifname
+    }
+}
+
+/// How a reservation attempt ended.
+enum Reservation {
+    Created {
+        uid: String,
+    },
+    /// It existed already for this attachment (a retried ADD), or was made by
+    /// whereabouts for the same pod and interface.
+    Adopted,
+    HeldElsewhere(crd::ReservationObject),
+    /// It exists, and this call already lost a race: taken by a racer, not read.
+    Taken,
+    /// Created and deleted by others under our feet twice in a row.
+    Contended,
+}
+
+/// Begins a cycle; a [`Purpose::Release`] first lists what the attachment
+/// holds (one LIST of the reservations labelled with it).
+pub(super) fn begin<'s>(store: &'s KubernetesStore, pools: &[PoolId], purpose: Purpose<'_>, deadline: Instant) -> Result<KubeTransaction<'s>, DatastoreError> {
+    let releasing = match purpose {
+        Purpose::Release { container_id, ifname } => Some(labelled_reservations(store, container_id, ifname, deadline)?),
+        Purpose::Read | Purpose::Update => None,
+    };
+    Ok(KubeTransaction {
+        store,
+        pools: pools.to_vec(),
+        deadline,
+        read: HashMap::new(),
+        read_revisions: HashMap::new(),
+        reserved: HashMap::new(),
+        held: HashMap::new(),
+        reuse_reads: false,
+        races_lost: 0,
+        releasing,
+    })
+}
+
+/// The reservations labelled with the attachment (container ID, interface).
+fn labelled_reservations(store: &KubernetesStore, container_id: &str, ifname: &str, deadline: Instant) -> Result<Releasing, DatastoreError> {
+    let action = format!("listing the OverlappingRangeIPReservations of container {container_id} interface {ifname} in namespace {}", store.namespace);
+    let path = crd::attachment_reservations_path(&store.namespace, container_id, ifname);
+    let labelled = match store.call(Method::GET, &path, None, &action, deadline)? {
+        Reply::Object(list) => list
+            .get("items")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(crd::parse_reservation)
+            .filter(|r| !r.name.is_empty())
+            .map(|r| (r.name.clone(), r))
+            .collect(),
+        // An identity from an older deploy/rbac.yaml (no `list`): the DEL still
+        // frees every reservation its pool entries lead to.
+        Reply::Status(s) if s.code == 403 => {
+            logging::error(format!(
+                "{}; reservations left by failed ADDs stay, nothing else frees them (grant `list` on overlappingrangeipreservations, see deploy/rbac.yaml)",
+                store.status_error(&s, &action)
+            ));
+            HashMap::new()
+        }
+        Reply::Status(s) => return Err(store.status_error(&s, &action)),
+    };
+    Ok(Releasing { container_id: container_id.to_string(), ifname: ifname.to_string(), labelled })
+}
+
+impl Transaction for KubeTransaction<'_> {
+    fn load(&mut self) -> Result<Vec<Pool>, DatastoreError> {
+        let pools = self.pools.clone();
+        pools.iter().map(|pool| self.load_one(pool)).collect()
+    }
+
+    fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
+        let deadline = self.deadline;
+        let updates: Vec<&PoolUpdate> = updates.iter().filter(|u| !u.changes.is_empty()).collect();
+        let cleanup_deadline = || deadline.max(Instant::now() + CLEANUP_GRACE);
+        let reserves: Vec<(&PoolUpdate, &String, &Allocation)> = updates
+            .iter()
+            .flat_map(|u| u.changes.iter().filter_map(move |c| if let Change::Reserve { name, holder } = c { Some((*u, name, holder)) } else { None }))
+            .collect();
+        let planned: BTreeSet<&str> = reserves.iter().map(|(_, name, _)| name.as_str()).collect();
+
+        // 0. Reservations an earlier attempt of this call took for addresses this
+        // plan does not use any more: free them for the others first.
+        self.release_held(&planned, cleanup_deadline());
+
+        // 1. Reservations of new addresses, before any pool shows the address.
+        for (update, name, holder) in &reserves {
+            if self.held.get(name.as_str()).is_some_and(|h| h.serves(holder)) {
+                logging::debug(format!("reservation {name}: taken by an earlier attempt of this call, planned again"));
+                continue;
+            }
+            let pool = update.pool.name.clone();
+            let refused = match self.reserve(name, holder, deadline) {
+                Ok(Reservation::Created { uid }) => {
+                    self.held.insert(name.to_string(), Held { uid, pool, holder: (*holder).clone() });
+                    continue;
+                }
+                Ok(Reservation::Adopted) => continue,
+                Ok(Reservation::HeldElsewhere(owner)) => {
+                    logging::debug(format!(
+                        "address of offset {} in pool {pool} is reserved as {name} by {} {} (container {}); planning around it",
+                        holder.offset, owner.podref, owner.ifname, owner.containerid
+                    ));
+                    if self.reserved_before_read(&pool, &owner) {
+                        Retry::Reserved { pool: pool.clone(), name: name.to_string() }
+                    } else {
+                        self.races_lost += 1;
+                        Retry::Conflict { pool: pool.clone() }
+                    }
+                }
+                Ok(Reservation::Taken) => {
+                    logging::debug(format!("address of offset {} in pool {pool} is reserved as {name} (by a racer); planning around it", holder.offset));
+                    self.races_lost += 1;
+                    Retry::Conflict { pool: pool.clone() }
+                }
+                Ok(Reservation::Contended) => return Ok(Outcome::Retry(Retry::Conflict { pool: format!("(reservation {name})") })),
+                Err(e) => {
+                    self.release_held(&BTreeSet::new(), cleanup_deadline());
+                    return Err(e);
+                }
+            };
+            // The reservations taken so far stay for the retry (see `held`),
+            // which plans again on the reads it has (see `load`).
+            self.reserved.entry(pool).or_default().insert(holder.offset);
+            self.reuse_reads = true;
+            return Ok(Outcome::Retry(refused));
+        }
+
+        // 2. Pools, in order; a failure undoes the ones written.
+        let mut written: Vec<&PoolUpdate> = Vec::new();
+        for update in &updates {
+            if !update.changes.iter().any(Change::touches_entries) {
+                continue;
+            }
+            let failed = match self.write_pool(update, deadline) {
+                Ok(Outcome::Committed) => {
+                    written.push(update);
+                    continue;
+                }
+                other => other,
+            };
+            let cleanup = cleanup_deadline();
+            self.undo(&written, cleanup);
+            if failed.is_err() {
+                self.release_held(&BTreeSet::new(), cleanup);
+            }
+            // Removals are not undone (a DEL may stop half way and is
+            // retried); the entries they removed are gone for good, and
+            // the retry will not see them: free their reservations now.
+            self.unreserve_all(&written, cleanup);
+            return failed;
+        }
+
+        // Every reservation of this plan now backs a committed entry.
+        self.held.retain(|name, _| !planned.contains(name.as_str()));
+        self.reuse_reads = false;
+
+        // 3. Reservations of removed entries. The pools no longer hold the
+        // addresses; a reservation left behind only blocks its address.
+        self.unreserve_all(&updates, cleanup_deadline());
+        Ok(Outcome::Committed)
+    }
+
+    fn free_leftovers(&mut self, in_use: &[String]) -> Result<usize, DatastoreError> {
+        let Some(releasing) = self.releasing.take() else { return Ok(0) };
+        let mut freed = 0;
+        for (name, r) in &releasing.labelled {
+            // The label is a hash: free only what this exact attachment made.
+            if !r.is_made_by(&releasing.container_id, &releasing.ifname) {
+                continue;
+            }
+            // Made by this container, but its entry now names a newer container
+            // of the pod, which still relies on it (the label is never updated).
+            if in_use.contains(name) {
+                logging::debug(format!("reservation {name}: made by this attachment, still guards its pod's entry; kept"));
+                continue;
+            }
+            logging::debug(format!("reservation {name}: made by this attachment, no pool entry of it left; deleting"));
+            self.store.delete_reservation(name, &r.uid, self.deadline.max(Instant::now() + CLEANUP_GRACE))?;
+            freed += 1;
+        }
+        Ok(freed)
+    }
+}
+
+impl Drop for KubeTransaction<'_> {
+    /// The end of the cycle, however it went: the reservations this call made
+    /// for addresses no commit recorded go, for a retry that will not come.
+    fn drop(&mut self) {
+        if !self.held.is_empty() {
+            self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE));
+        }
+    }
+}
+
+impl KubeTransaction<'_> {
+    /// One pool for `load`. After a lost reservation race the pool itself
+    /// refused nothing: plan again on the object read (the address lost is in
+    /// `reserved` now). Its entry guards make a stale read safe, and it knows
+    /// little less than a new read would: the racing writers hold reservations
+    /// before the pool shows their entries. A pool write (success or conflict)
+    /// drops the read.
+    fn load_one(&mut self, pool: &PoolId) -> Result<Pool, DatastoreError> {
+        let reserved = self.reserved.get(&pool.name).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        if self.reuse_reads
+            && let Some(object) = self.read.get(&pool.name)
+        {
+            logging::debug(format!(
+                "IPPool {}: planning again on the read of version {} (a reservation was taken, not the pool)",
+                pool.name, object.resource_version
+            ));
+            return Ok(Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone(), reserved, ..Pool::default() });
+        }
+        match self.read_pool(pool, self.deadline)? {
+            Some(object) => {
+                let loaded = Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone(), reserved, ..Pool::default() };
+                self.read.insert(pool.name.clone(), object);
+                Ok(loaded)
+            }
+            None => {
+                self.read.remove(&pool.name);
+                Ok(Pool { reserved, ..Pool::default() })
+            }
+        }
+    }
+
+    /// Reads the pool as a LIST of the one object by name: the answer carries the
+    /// revision the read saw (kept in `read_revisions`), which tells reservations
+    /// older than this read from ones made since (`reserved_before_read`), and the
+    /// apiserver serves it from its watch cache (at 200 entries about a fifth of
+    /// the CPU of a GET, which reads etcd). While that cache is not ready (after
+    /// the apiserver or the CRD started) the LIST answers 429: then one GET of the
+    /// object instead, without a revision.
+    fn read_pool(&mut self, pool: &PoolId, deadline: Instant) -> Result<Option<PoolObject>, DatastoreError> {
+        let action = format!("reading IPPool {}/{}", self.store.namespace, pool.name);
+        let path = crd::named_list_path(&self.store.namespace, IPPOOLS, &pool.name);
+        let object = match self.store.call_within(Method::GET, &path, None, &action, deadline, REQUEST_TIMEOUT, 0)? {
+            Reply::Object(list) => {
+                let revision = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+                self.read_revisions.insert(pool.name.clone(), revision);
+                let items = list.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+                match items.iter().find(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(pool.name.as_str())) {
+                    Some(object) => object.clone(),
+                    None => return Ok(None),
+                }
+            }
+            Reply::Status(s) if s.code == 429 => {
+                self.read_revisions.remove(&pool.name);
+                match self.store.call(Method::GET, &self.store.pool_path(&pool.name), None, &action, deadline)? {
+                    Reply::Object(object) => object,
+                    Reply::Status(s) if failure::is_object_not_found(&s, &pool.name) => return Ok(None),
+                    Reply::Status(s) => return Err(self.store.status_error(&s, &action)),
+                }
+            }
+            Reply::Status(s) => return Err(self.store.status_error(&s, &action)),
+        };
+        let malformed = |detail: String| DatastoreError::Malformed { object: format!("IPPool {}/{}", self.store.namespace, pool.name), detail };
+        let parsed = crd::parse_pool(&object).map_err(malformed)?;
+        if let Some(range) = parsed.range.as_deref().filter(|r| *r != pool.cidr) {
+            return Err(malformed(format!("it holds range {range}, expected {}", pool.cidr)));
+        }
+        if !parsed.unparsable.is_empty() {
+            logging::debug(format!("IPPool {}: ignoring allocation keys that are no offset: {:?}", pool.name, parsed.unparsable));
+        }
+        Ok(Some(parsed))
+    }
+
+    /// POSTs the reservation; on AlreadyExists looks at who holds it, unless
+    /// this call already lost a reservation race: then the answer is nearly
+    /// always another racer (the contended plan picked a random address of a
+    /// window that the racers are filling), and reading it would only double
+    /// the requests of every lost round. What the read would tell apart — our
+    /// own reservation from an earlier attempt of this ADD, or an overlapping
+    /// range's — is then planned around like a racer's: the former is freed by
+    /// the DEL (it carries our attachment label), the latter was not planned
+    /// lowest-first anyway under contention.
+    fn reserve(&mut self, name: &str, holder: &Allocation, deadline: Instant) -> Result<Reservation, DatastoreError> {
+        let action = format!("creating OverlappingRangeIPReservation {}/{name}", self.store.namespace);
+        let body = crd::new_reservation(name, &self.store.namespace, holder);
+        let collection = crd::collection_path(&self.store.namespace, RESERVATIONS);
+        // Twice at most: a reservation deleted between our POST and GET is free again.
+        for _ in 0..2 {
+            match self.store.call(Method::POST, &collection, Some((JSON, &body)), &action, deadline)? {
+                Reply::Object(created) => return Ok(Reservation::Created { uid: crd::parse_reservation(&created).uid }),
+                Reply::Status(s) if s.code == 409 => {}
+                Reply::Status(s) => return Err(self.store.status_error(&s, &action)),
+            }
+            if self.races_lost > 0 {
+                return Ok(Reservation::Taken);
+            }
+            let reading = format!("reading OverlappingRangeIPReservation {}/{name}", self.store.namespace);
+            match self.store.call(Method::GET, &self.store.reservation_path(name), None, &reading, deadline)? {
+                Reply::Object(existing) => {
+                    let existing = crd::parse_reservation(&existing);
+                    return Ok(if existing.is_adoptable_by(holder) { Reservation::Adopted } else { Reservation::HeldElsewhere(existing) });
+                }
+                Reply::Status(s) if failure::is_object_not_found(&s, name) => continue,
+                Reply::Status(s) => return Err(self.store.status_error(&s, &reading)),
+            }
+        }
+        Ok(Reservation::Contended)
+    }
+
+    /// Deletes the reservation `name` if `holder`'s pod and interface hold it.
+    /// One this DEL's LIST found ([`Purpose::Release`]) is deleted without reading it
+    /// again; others (whereabouts' carry no label) are read first.
+    fn unreserve(&mut self, name: &str, holder: &Allocation, deadline: Instant) -> Result<(), DatastoreError> {
+        let listed = self.releasing.as_mut().and_then(|r| r.labelled.remove(name));
+        if let Some(existing) = listed.filter(|r| r.is_held_by(holder)) {
+            return self.store.delete_reservation(name, &existing.uid, deadline);
+        }
+        let action = format!("reading OverlappingRangeIPReservation {}/{name}", self.store.namespace);
+        match self.store.call(Method::GET, &self.store.reservation_path(name), None, &action, deadline)? {
+            Reply::Object(object) => {
+                let existing = crd::parse_reservation(&object);
+                if existing.is_held_by(holder) {
+                    self.store.delete_reservation(name, &existing.uid, deadline)
+                } else {
+                    logging::debug(format!("reservation {name} is held by {} {}, not by {}; left alone", existing.podref, existing.ifname, holder.pod_ref));
+                    Ok(())
+                }
+            }
+            Reply::Status(s) if failure::is_object_not_found(&s, name) => Ok(()),
+            Reply::Status(s) => Err(self.store.status_error(&s, &action)),
+        }
+    }
+
+    /// Whether the reservation `owner`, found holding an address planned in
+    /// `pool`, existed before this process read the pool (an overlapping range's
+    /// address: whereabouts just plans around it) rather than being made by a
+    /// writer racing for the address since (contention). Decided by comparing its
+    /// resourceVersion with the revision the read saw; the apiserver takes both
+    /// from one etcd revision counter, but the API calls them opaque, so this is
+    /// only a hint for choosing the next address, never for correctness:
+    /// anything unparsable counts as a race.
+    fn reserved_before_read(&self, pool: &str, owner: &crd::ReservationObject) -> bool {
+        let read = self.read_revisions.get(pool).and_then(|r| r.parse::<u64>().ok());
+        matches!((owner.resource_version.parse::<u64>(), read), (Ok(reserved), Some(read)) if reserved <= read)
+    }
+
+    /// Best-effort removal of the reservations this process holds for addresses
+    /// it did not get, except those named in `keep`. One whose entry the pool
+    /// holds after all, as last read, stays: a write whose answer was lost (a 504
+    /// after which the retry found the entry, then the plan reused it) did commit.
+    fn release_held(&mut self, keep: &BTreeSet<&str>, deadline: Instant) {
+        let dropped: Vec<(String, Held)> = {
+            let held = &mut self.held;
+            let names: Vec<String> = held.keys().filter(|n| !keep.contains(n.as_str())).cloned().collect();
+            names.into_iter().filter_map(|n| held.remove(&n).map(|h| (n, h))).collect()
+        };
+        for (name, h) in dropped {
+            let committed = self.read.get(&h.pool).is_some_and(|p| {
+                p.entries.iter().any(|e| e.offset == h.holder.offset && e.container_id == h.holder.container_id && e.ifname == h.holder.ifname)
+            });
+            if committed {
+                logging::debug(format!("reservation {name} (offset {}): the pool holds its entry, kept", h.holder.offset));
+                continue;
+            }
+            logging::debug(format!("deleting reservation {name} (offset {}): not committed", h.holder.offset));
+            if let Err(e) = self.store.delete_reservation(&name, &h.uid, deadline) {
+                logging::error(format!("could not delete reservation {name} of an address not committed: {e}"));
+            }
+        }
+    }
+
+    /// Writes one pool's changes: POST when it did not exist, else the PATCH
+    /// whose `test`s compare each touched entry with the pool as read.
+    fn write_pool(&mut self, update: &PoolUpdate, deadline: Instant) -> Result<Outcome, DatastoreError> {
+        let name = &update.pool.name;
+        let conflict = || Ok(Outcome::Retry(Retry::Conflict { pool: name.clone() }));
+        let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: name.clone(), detail };
+        if update.expected.is_absent() {
+            let mut inserts = Vec::new();
+            for change in &update.changes {
+                match change {
+                    Change::Insert(a) => inserts.push(a),
+                    Change::Reserve { .. } | Change::Unreserve { .. } => {}
+                    other => return Err(inconsistent(format!("{other:?} on a pool that does not exist"))),
+                }
+            }
+            let action = format!("creating IPPool {}/{name}", self.store.namespace);
+            let body = crd::new_pool(name, &self.store.namespace, &update.pool.cidr, &inserts);
+            return match self.store.call(Method::POST, &crd::collection_path(&self.store.namespace, IPPOOLS), Some((JSON, &body)), &action, deadline)? {
+                Reply::Object(_) => Ok(Outcome::Committed),
+                Reply::Status(s) if s.code == 409 => conflict(),
+                Reply::Status(s) => Err(self.store.status_error(&s, &action)),
+            };
+        }
+        let read = self.read.get(name).filter(|p| p.resource_version == update.expected.0).cloned();
+        let read = read.ok_or_else(|| inconsistent(format!("commit against version {:?}, which this process did not read", update.expected.0)))?;
+        let patch = patch::update(&read, &update.changes).map_err(inconsistent)?;
+        let action = format!("patching IPPool {}/{name}", self.store.namespace);
+        let result = match self.store.call_within(
+            Method::PATCH,
+            &self.store.pool_path(name),
+            Some((JSON_PATCH, &patch)),
+            &action,
+            deadline,
+            WRITE_TIMEOUT,
+            THROTTLE_RETRIES,
+        )? {
+            Reply::Object(_) => Ok(Outcome::Committed),
+            // An entry's test failed (its offset was taken, or the entry to change
+            // is gone or someone else's), or the pool was deleted since.
+            Reply::Status(s) if failure::is_failed_test(&s) || s.code == 409 || failure::is_object_not_found(&s, name) => conflict(),
+            Reply::Status(s) => Err(self.store.status_error(&s, &action)),
+        };
+        // Whatever happened, the object read is stale now.
+        self.read.remove(name);
+        result
+    }
+
+    /// The [`Change::Unreserve`]s of `updates` (pools already written), best effort.
+    fn unreserve_all(&mut self, updates: &[&PoolUpdate], deadline: Instant) {
+        for update in updates {
+            for change in &update.changes {
+                let Change::Unreserve { name, holder } = change else { continue };
+                if let Err(e) = self.unreserve(name, holder, deadline) {
+                    logging::error(format!("released offset {} of pool {} but could not delete its reservation {name}: {e}", holder.offset, update.pool.name));
+                }
+            }
+        }
+    }
+
+    /// Removes the entries `written` inserted (best effort, see [`patch::rollback`]).
+    fn undo(&self, written: &[&PoolUpdate], deadline: Instant) {
+        for update in written.iter().rev() {
+            let inserted: Vec<&Allocation> = update.changes.iter().filter_map(|c| if let Change::Insert(a) = c { Some(a) } else { None }).collect();
+            if inserted.is_empty() {
+                continue;
+            }
+            let action = format!("rolling back IPPool {}/{}", self.store.namespace, update.pool.name);
+            match self.store.call(Method::PATCH, &self.store.pool_path(&update.pool.name), Some((JSON_PATCH, &patch::rollback(&inserted))), &action, deadline) {
+                Ok(Reply::Object(_)) => {}
+                // Our entries are not there any more: nothing to undo.
+                Ok(Reply::Status(s)) if s.code == 422 || s.code == 404 => {}
+                Ok(Reply::Status(s)) => logging::error(format!("{}", self.store.status_error(&s, &action))),
+                Err(e) => logging::error(format!("could not roll back a failed commit: {e}")),
+            }
+        }
+    }
+}
