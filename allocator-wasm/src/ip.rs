@@ -156,6 +156,13 @@ impl Cidr {
     }
 }
 
+/// The offsets, in the network `[to_network, to_end]`, of the addresses at
+/// `offsets` of the network starting at `from_network`, for those inside it:
+/// how the entries of one pool become taken offsets of an overlapping one.
+pub fn offsets_in(from_network: u128, offsets: impl Iterator<Item = u128>, to_network: u128, to_end: u128) -> impl Iterator<Item = u128> {
+    offsets.filter_map(move |o| from_network.checked_add(o)).filter(move |a| (to_network..=to_end).contains(a)).map(move |a| a - to_network)
+}
+
 /// Parse `addr/prefix`. `sloppy` admits leading zeros in IPv4 (ParseCIDRSloppy).
 pub fn parse_cidr(text: &str, sloppy: bool) -> Option<Cidr> {
     let (addr, prefix) = text.split_once('/')?;

@@ -22,13 +22,7 @@ pub fn held_by_other_pools(config: &NormalizedConfig, pools: &[PoolState], range
         if owner.family != range.family {
             continue;
         }
-        held.extend(
-            pool.snapshot
-                .entries()
-                .filter_map(|offset| owner.network.checked_add(offset))
-                .filter(|&address| range.network_contains(range.family, address))
-                .map(|address| address - range.network),
-        );
+        held.extend(crate::ip::offsets_in(owner.network, pool.snapshot.entries(), range.network, range.network_end()));
     }
     held
 }

@@ -44,7 +44,6 @@
 //! goes before the flushes: a later commit that sees a version not yet durable
 //! only avoids an address that a power cut may free again.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{ErrorKind, Write};
@@ -54,10 +53,8 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-use thereabouts_allocator::model::Allocation;
-
 use super::file_overlap::{Scoped, same_range};
+use super::pool_document::{Format, PoolDocument};
 use super::pool_file;
 use super::{Capabilities, Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction, Version};
 
@@ -354,8 +351,7 @@ impl FileTransaction<'_> {
         let mut writes = Vec::with_capacity(order.len());
         for (update, current) in read {
             let (disk, pool) = current.map_or((None, Pool::default()), |(disk, pool)| (Some(disk), pool));
-            let stored = apply(&update.pool.name, pool, &update.changes, &store.network)?;
-            let payload = encode(&update.pool, &stored);
+            let payload = apply(&update.pool.name, &update.pool.cidr, pool, &update.changes, &store.network)?.encode(Format::Pretty);
             writes.push(match disk {
                 Some(disk) if pool_file::fits(disk.slot_size, payload.len()) => {
                     PoolWrite::Slot { index: 1 - disk.current_slot, version: disk.version + 1, file: disk.file, slot_size: disk.slot_size, payload }
@@ -488,17 +484,11 @@ fn lock_file(path: PathBuf, what: &str, deadline: Instant) -> Result<File, Datas
     }
 }
 
-/// A pool's entries by offset, with the network that created each, if known.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Stored {
-    entries: BTreeMap<u128, Allocation>,
-    created_by: BTreeMap<u128, Arc<str>>,
-}
-
-/// `pool` after `changes` made on behalf of the CNI network `network`: an entry
-/// it inserts, or adopts for a new container, is recorded as that network's.
-fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) -> Result<Stored, DatastoreError> {
-    let mut stored = Stored { entries: pool.entries.into_iter().map(|a| (a.offset, a)).collect(), created_by: pool.created_by };
+/// `pool` of range `range` after `changes` made on behalf of the CNI network
+/// `network`: an entry it inserts, or adopts for a new container, is recorded
+/// as that network's.
+fn apply(pool_name: &str, range: &str, pool: Pool, changes: &[Change], network: &Arc<str>) -> Result<PoolDocument, DatastoreError> {
+    let mut stored = PoolDocument { range: range.to_string(), entries: pool.entries.into_iter().map(|a| (a.offset, a)).collect(), created_by: pool.created_by };
     let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: pool_name.to_string(), detail };
     let record = |created_by: &mut BTreeMap<u128, Arc<str>>, offset: u128| {
         if !network.is_empty() {
@@ -521,91 +511,11 @@ fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) ->
     Ok(stored)
 }
 
-/// A pool as stored: the `IPPool` spec shape, `{"range": ..., "allocations":
-/// {"<decimal offset>": {"id", "podref", "ifname", "network"}}}`, keys in
-/// numeric order (`network` only where known; see the module documentation).
-/// Typed (strings borrowed from the file where they need no unescaping) rather
-/// than a `serde_json::Value`: a DEL of a 100-entry pool spent most of its time
-/// building and hashing generic maps.
-#[derive(Serialize, Deserialize)]
-struct PoolDoc<'a> {
-    #[serde(borrow)]
-    range: Cow<'a, str>,
-    /// The network of every entry that names none, written when one network
-    /// created them all (the usual pool): the file then holds the name once, not
-    /// once per entry, which cost every read and write of a full pool ~10 % more
-    /// instructions (callgrind, 100 entries per pool).
-    #[serde(borrow, default, skip_serializing_if = "str::is_empty")]
-    network: Cow<'a, str>,
-    #[serde(borrow, default)]
-    allocations: BTreeMap<u128, EntryDoc<'a>>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct EntryDoc<'a> {
-    #[serde(borrow, default)]
-    id: Cow<'a, str>,
-    #[serde(borrow, default)]
-    podref: Cow<'a, str>,
-    #[serde(borrow, default)]
-    ifname: Cow<'a, str>,
-    /// Empty when unknown: serde borrows from the file into a `Cow<str>` field,
-    /// not into an `Option<Cow<str>>`, and this is read for every entry.
-    #[serde(borrow, default, skip_serializing_if = "str::is_empty")]
-    network: Cow<'a, str>,
-}
-
-fn encode(pool: &PoolId, stored: &Stored) -> Vec<u8> {
-    let mut creators = stored.created_by.values();
-    let first = creators.next();
-    let every = first.filter(|n| stored.created_by.len() == stored.entries.len() && creators.all(|m| m == *n)).map_or("", |n| &**n);
-    let allocations = stored
-        .entries
-        .iter()
-        .map(|(&offset, a)| {
-            let own = if every.is_empty() { stored.created_by.get(&offset).map_or("", |n| n) } else { "" };
-            (
-                offset,
-                EntryDoc {
-                    id: Cow::Borrowed(&a.container_id),
-                    podref: Cow::Borrowed(&a.pod_ref),
-                    ifname: Cow::Borrowed(&a.ifname),
-                    network: Cow::Borrowed(own),
-                },
-            )
-        })
-        .collect();
-    crate::json::pretty(&PoolDoc { range: Cow::Borrowed(&pool.cidr), network: Cow::Borrowed(every), allocations }).into_bytes()
-}
-
 /// A stored pool: the range it says it holds, and its entries with the network
 /// that created each where known (the version is the slot's, not set here).
 fn decode(path: &Path, bytes: &[u8]) -> Result<(String, Pool), DatastoreError> {
-    let corrupt = |detail: String| DatastoreError::Corrupt { path: path.to_path_buf(), detail };
-    let doc: PoolDoc =
-        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a pool document ({{\"range\", \"allocations\": {{decimal offset: entry}}}}): {e}")))?;
-    // One allocation per network, not per entry: the entries of a pool come
-    // from a handful of networks.
-    let mut networks: Vec<Arc<str>> = Vec::new();
-    let mut created_by = BTreeMap::new();
-    let every = doc.network;
-    let entries = doc
-        .allocations
-        .into_iter()
-        .map(|(offset, e)| {
-            let network = if e.network.is_empty() { &*every } else { &*e.network };
-            if !network.is_empty() {
-                let known = networks.iter().find(|n| ***n == *network).cloned();
-                let network = known.unwrap_or_else(|| {
-                    networks.push(Arc::from(network));
-                    Arc::clone(&networks[networks.len() - 1])
-                });
-                created_by.insert(offset, network);
-            }
-            Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() }
-        })
-        .collect();
-    Ok((doc.range.into_owned(), Pool { version: Version::absent(), entries, created_by, reserved: Vec::new() }))
+    let doc = PoolDocument::decode(bytes).map_err(|detail| DatastoreError::Corrupt { path: path.to_path_buf(), detail })?;
+    Ok((doc.range, Pool { entries: doc.entries.into_values().collect(), created_by: doc.created_by, ..Pool::default() }))
 }
 
 /// `fdatasync` of every written pool file, one after the other: data-only
@@ -619,6 +529,7 @@ fn sync_all_data(files: &[&File]) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use std::time::Duration;
+    use thereabouts_allocator::model::Allocation;
 
     fn temp_dir(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("thereabouts-file-{tag}-{}", std::process::id()));
@@ -824,51 +735,11 @@ mod tests {
     }
 
     #[test]
-    fn the_creating_network_is_written_once_when_it_made_every_entry() {
-        let p = pool("p", "192.0.2.0/24");
-        let entries: BTreeMap<u128, Allocation> = [(1, alloc(1, "a")), (2, alloc(2, "b"))].into();
-        let by = |pairs: &[(u128, &str)]| pairs.iter().map(|&(o, n)| (o, Arc::from(n))).collect::<BTreeMap<u128, Arc<str>>>();
-        for created_by in [by(&[(1, "net-a"), (2, "net-a")]), by(&[(1, "net-a"), (2, "net-b")]), by(&[(2, "net-a")]), by(&[])] {
-            let bytes = encode(&p, &Stored { entries: entries.clone(), created_by: created_by.clone() });
-            let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-            let uniform = created_by.len() == 2 && created_by.values().all(|n| &**n == "net-a");
-            assert_eq!(doc.get("network").is_some(), uniform, "{doc}");
-            assert_eq!(decode(Path::new("p.pool"), &bytes).unwrap().1.created_by, created_by);
-        }
-    }
-
-    #[test]
-    fn pool_documents_round_trip_and_malformed_ones_are_corrupt() {
+    fn malformed_pool_documents_and_foreign_ranges_are_corrupt() {
         let p = pool("p", "2001:db8::/64");
-        let wide = u128::from(u64::MAX) + 7;
-        let entries: BTreeMap<u128, Allocation> = [alloc(wide, "x\"y"), alloc(2, "b")].into_iter().map(|a| (a.offset, a)).collect();
-        let created_by = BTreeMap::from([(wide, Arc::from("net-a"))]);
-        let bytes = encode(&p, &Stored { entries: entries.clone(), created_by: created_by.clone() });
-        let text = String::from_utf8(bytes.clone()).unwrap();
-        // Keys in numeric order, as decimal strings; the shape of an IPPool spec.
-        assert!(text.find("\"2\"").unwrap() < text.find("\"18446744073709551622\"").unwrap(), "{text}");
-        let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        assert_eq!(doc["allocations"]["2"], serde_json::json!({"id": "b", "podref": "ns/p", "ifname": "eth0"}));
         let path = Path::new("/x/p.pool");
-        assert_eq!(doc["allocations"][wide.to_string()]["network"], "net-a");
-        assert_eq!(
-            decode_as(path, &bytes, &p).unwrap(),
-            Pool { version: Version::absent(), entries: entries.into_values().collect(), created_by, ..Pool::default() }
-        );
-        // Missing fields read as empty; no allocations at all is an empty pool.
-        let sparse = br#"{"range": "2001:db8::/64", "allocations": {"5": {"id": "c"}}}"#;
-        assert_eq!(
-            decode_as(path, sparse, &p).unwrap().entries,
-            vec![Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]
-        );
         assert_eq!(decode_as(path, br#"{"range": "2001:db8::/64"}"#, &p).unwrap(), Pool::default());
-        for bad in [
-            &br#"{"range": "2001:db8::/64", "allocations": []}"#[..],
-            br#"{"range": "2001:db8::/64", "allocations": {"x": {}}}"#,
-            br#"{"allocations": {}}"#,
-            b"{",
-            br#"{"range": "192.0.2.0/24"}"#,
-        ] {
+        for bad in [&br#"{"range": "2001:db8::/64", "allocations": []}"#[..], b"{", br#"{"range": "192.0.2.0/24"}"#] {
             assert!(matches!(decode_as(path, bad, &p), Err(DatastoreError::Corrupt { .. })), "{}", String::from_utf8_lossy(bad));
         }
     }

@@ -18,7 +18,7 @@
 //! `beef`, or `beef:2001:db8::/64` of no network): the range stored in the file
 //! decides (see [`same_range`]).
 
-use thereabouts_allocator::ip::{Cidr, parse_cidr};
+use thereabouts_allocator::ip::{Cidr, offsets_in, parse_cidr};
 use thereabouts_allocator::naming::pool_name_for_network;
 
 use super::PoolId;
@@ -57,8 +57,7 @@ impl Scoped {
     /// This pool's offsets of the addresses that `offsets` of the pool `other`
     /// stand for (those inside this range).
     pub fn offsets_of<'a>(&'a self, other: &'a Cidr, offsets: impl Iterator<Item = u128> + 'a) -> impl Iterator<Item = u128> + 'a {
-        let (network, broadcast) = (self.range.network(), self.range.broadcast());
-        offsets.filter_map(move |o| other.network().checked_add(o)).filter(move |a| (network..=broadcast).contains(a)).map(move |a| a - network)
+        offsets_in(other.network(), offsets, self.range.network(), self.range.broadcast())
     }
 }
 

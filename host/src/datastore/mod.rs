@@ -11,6 +11,7 @@ pub mod failure;
 pub mod file;
 mod file_overlap;
 pub mod kubernetes;
+pub mod pool_document;
 pub mod pool_file;
 pub mod retry;
 

@@ -4,7 +4,8 @@
 //!
 //! - `<prefix>pools/<pool name>`: one key per pool (the engine's pool name:
 //!   `[<network_name>-]<range CIDR with : and / as ->`), value the pool as JSON in
-//!   the logical shape of a whereabouts `IPPool` spec:
+//!   the logical shape of a whereabouts `IPPool` spec (the
+//!   [pool document](crate::datastore::pool_document), compact):
 //!   `{"range": "<CIDR>", "allocations": {"<offset>": {"id": <container ID>,
 //!   "podref": "<namespace>/<pod>", "ifname": <interface>}}}`, offsets decimal,
 //!   in ascending order;
@@ -15,10 +16,8 @@
 //!
 //! A pool's version is the key's `mod_revision` (decimal); absent = empty.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::json;
 use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
 use thereabouts_allocator::model::Allocation;
 
@@ -51,61 +50,6 @@ impl Layout {
 
     pub fn reservation_key(&self, reservation_name: &str) -> String {
         format!("{}reservations/{reservation_name}", self.prefix)
-    }
-}
-
-/// A pool's value: its range and its allocations by offset.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PoolValue {
-    pub range: String,
-    pub allocations: BTreeMap<u128, EntryValue>,
-}
-
-/// One allocation as stored (whereabouts' `IPAllocation` field names).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EntryValue {
-    pub id: String,
-    #[serde(default)]
-    pub podref: String,
-    #[serde(default)]
-    pub ifname: String,
-}
-
-impl PoolValue {
-    pub fn empty(range: &str) -> Self {
-        PoolValue { range: range.to_string(), allocations: BTreeMap::new() }
-    }
-
-    pub fn entries(&self) -> Vec<Allocation> {
-        self.allocations
-            .iter()
-            .map(|(&offset, e)| Allocation { offset, container_id: e.id.clone(), pod_ref: e.podref.clone(), ifname: e.ifname.clone() })
-            .collect()
-    }
-
-    /// JSON, offsets in ascending numeric order (the map keeps insertion order).
-    pub fn encode(&self) -> Vec<u8> {
-        let allocations: Map<String, Value> =
-            self.allocations.iter().map(|(offset, e)| (offset.to_string(), json!({"id": e.id, "podref": e.podref, "ifname": e.ifname}))).collect();
-        json!({"range": self.range, "allocations": allocations}).to_string().into_bytes()
-    }
-
-    /// Reads a stored value; the error says what is wrong with it.
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        #[derive(Deserialize)]
-        struct Raw {
-            #[serde(default)]
-            range: String,
-            #[serde(default)]
-            allocations: BTreeMap<String, EntryValue>,
-        }
-        let raw: Raw = serde_json::from_slice(bytes).map_err(|e| format!("not a pool value: {e}"))?;
-        let mut allocations = BTreeMap::new();
-        for (key, entry) in raw.allocations {
-            let offset = key.parse::<u128>().map_err(|_| format!("allocation key {key:?} is not a decimal offset"))?;
-            allocations.insert(offset, entry);
-        }
-        Ok(PoolValue { range: raw.range, allocations })
     }
 }
 
@@ -159,29 +103,9 @@ mod tests {
     }
 
     #[test]
-    fn pool_values_round_trip_in_offset_order() {
-        let mut pool = PoolValue::empty("2001:db8::/64");
-        for offset in [10u128, 2, 1 << 70] {
-            pool.allocations.insert(offset, EntryValue { id: format!("c{offset}"), podref: "default/pod".into(), ifname: "eth0".into() });
-        }
-        let text = String::from_utf8(pool.encode()).unwrap();
-        assert!(text.starts_with(r#"{"range":"2001:db8::/64","allocations":{"2":{"id":"c2","podref":"default/pod","ifname":"eth0"},"10":"#), "{text}");
-        assert!(text.contains(&format!("\"{}\"", 1u128 << 70)), "{text}");
-        let back = PoolValue::decode(text.as_bytes()).unwrap();
-        assert_eq!(back, pool);
-        assert_eq!(back.entries().iter().map(|a| a.offset).collect::<Vec<_>>(), [2, 10, 1 << 70]);
-    }
-
-    #[test]
-    fn bad_values_are_errors_not_panics() {
-        assert!(PoolValue::decode(b"").is_err());
-        assert!(PoolValue::decode(b"[1]").is_err());
-        let bad_key = PoolValue::decode(br#"{"range":"x","allocations":{"-1":{"id":"c"}}}"#).unwrap_err();
-        assert!(bad_key.contains("\"-1\""), "{bad_key}");
-        assert!(PoolValue::decode(br#"{"range":"x","allocations":{"1":{"podref":"p"}}}"#).is_err());
+    fn bad_reservation_values_are_errors_not_panics() {
         assert!(ReservationValue::decode(b"{").is_err());
-        // Missing optional fields read as empty.
-        assert_eq!(PoolValue::decode(b"{}").unwrap(), PoolValue::default());
+        assert!(ReservationValue::decode(br#"{"podref": "p"}"#).is_err());
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::time::Instant;
 use etcd_client::KeyValue;
 
 use super::EtcdStore;
-use super::layout::PoolValue;
 use super::txn::{self, Reads, Refusal};
+use crate::datastore::pool_document::PoolDocument;
 use crate::datastore::{DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Retry, Transaction, Version};
 use crate::logging;
 
@@ -18,7 +18,7 @@ pub(super) struct EtcdTransaction<'s> {
     pools: Vec<PoolId>,
     deadline: Instant,
     /// The last read of each pool, by pool name: the value a commit changes.
-    read: HashMap<String, PoolValue>,
+    read: HashMap<String, PoolDocument>,
     /// Per pool name: the store revision its last read saw, to tell a
     /// reservation older than the read (an overlapping range) from a racer's.
     read_revisions: HashMap<String, i64>,
@@ -40,9 +40,9 @@ impl<'s> EtcdTransaction<'s> {
             self.read.remove(&pool.name);
             return Ok(Pool { reserved, ..Pool::default() });
         };
-        let value = PoolValue::decode(kv.value())
+        let value = PoolDocument::decode(kv.value())
             .map_err(|detail| DatastoreError::Malformed { object: format!("etcd key {}", self.store.layout.pool_key(&pool.name)), detail })?;
-        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries(), reserved, ..Pool::default() };
+        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries.values().cloned().collect(), reserved, ..Pool::default() };
         self.read.insert(pool.name.clone(), value);
         Ok(loaded)
     }

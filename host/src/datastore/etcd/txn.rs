@@ -14,12 +14,11 @@
 //!   only while it is still the removed entry's attachment's; absent or someone
 //!   else's, it is left alone.
 
-use std::collections::{BTreeMap, HashMap};
-
-use thereabouts_allocator::model::Allocation;
+use std::collections::HashMap;
 
 use super::super::{Change, PoolUpdate, apply_changes};
-use super::layout::{EntryValue, Layout, PoolValue, ReservationValue};
+use super::layout::{Layout, ReservationValue};
+use crate::datastore::pool_document::{Format, PoolDocument};
 
 /// A condition the transaction needs to hold on a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +64,7 @@ pub enum Refusal {
 /// What the commit needs to know besides the updates.
 pub struct Reads<'a> {
     /// The pools as read, by pool name (absent pools need not be here).
-    pub pools: &'a HashMap<String, PoolValue>,
+    pub pools: &'a HashMap<String, PoolDocument>,
     /// Every reservation key the updates name, by reservation name; a name
     /// missing here (or mapped to `None`) is absent.
     pub reservations: &'a HashMap<String, Option<StoredReservation>>,
@@ -95,7 +94,7 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
         let pool_key = layout.pool_key(name);
         let mut value = if update.expected.is_absent() {
             txn.guards.push(Guard::Absent { key: pool_key.clone() });
-            PoolValue::empty(&update.pool.cidr)
+            PoolDocument::empty(&update.pool.cidr)
         } else {
             let mod_revision =
                 update.expected.0.parse::<i64>().map_err(|_| inconsistent(format!("version {:?} is not an etcd revision", update.expected.0)))?;
@@ -108,10 +107,8 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
         };
         // The entries as the shared meaning of the changes leaves them; the
         // reservation changes below become guarded writes of their own keys.
-        let mut entries: BTreeMap<u128, Allocation> = value.entries().into_iter().map(|a| (a.offset, a)).collect();
-        apply_changes(&mut entries, &update.changes).map_err(inconsistent)?;
+        apply_changes(&mut value.entries, &update.changes).map_err(inconsistent)?;
         let pool_changed = update.changes.iter().any(Change::touches_entries);
-        value.allocations = entries.into_values().map(|a| (a.offset, EntryValue { id: a.container_id, podref: a.pod_ref, ifname: a.ifname })).collect();
         for change in &update.changes {
             match change {
                 Change::Insert(_) | Change::Remove { .. } | Change::SetContainerId { .. } => {}
@@ -146,7 +143,7 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
             }
         }
         if pool_changed {
-            txn.writes.push(Write::Put { key: pool_key, value: value.encode() });
+            txn.writes.push(Write::Put { key: pool_key, value: value.encode(Format::Compact) });
         }
     }
     Ok(txn)
@@ -183,8 +180,8 @@ mod tests {
         let layout = Layout::new(None);
         let a4 = alloc(1, "c1", "pod-a");
         let a6 = alloc(1, "c1", "pod-a");
-        let mut existing = PoolValue::empty("2001:db8::/64");
-        existing.allocations.insert(2, EntryValue { id: "c0".into(), podref: "default/pod-0".into(), ifname: "eth0".into() });
+        let mut existing = PoolDocument::empty("2001:db8::/64");
+        existing.entries.insert(2, alloc(2, "c0", "pod-0"));
         let pools = HashMap::from([("2001-db8---64".to_string(), existing)]);
         let reservations = HashMap::new();
         let updates = vec![
@@ -254,9 +251,9 @@ mod tests {
         let layout = Layout::new(Some("/x"));
         let a = alloc(1, "c1", "pod-a");
         let b = alloc(2, "c2", "pod-b");
-        let mut read = PoolValue::empty("192.0.2.0/24");
+        let mut read = PoolDocument::empty("192.0.2.0/24");
         for e in [&a, &b] {
-            read.allocations.insert(e.offset, EntryValue { id: e.container_id.clone(), podref: e.pod_ref.clone(), ifname: e.ifname.clone() });
+            read.entries.insert(e.offset, e.clone());
         }
         let pools = HashMap::from([("p".to_string(), read)]);
         // a's reservation is its own; b's address is now reserved by someone else.

@@ -15,6 +15,8 @@ use serde_json::{Map, Value, json};
 use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
 use thereabouts_allocator::model::Allocation;
 
+use crate::datastore::pool_document::entry_value;
+
 pub const GROUP: &str = "whereabouts.cni.cncf.io";
 pub const VERSION: &str = "v1alpha1";
 pub const IPPOOLS: &str = "ippools";
@@ -56,14 +58,10 @@ fn escape(segment: &str) -> String {
     out
 }
 
-/// An allocation as whereabouts writes it (field order of its Go struct).
-pub fn allocation_value(a: &Allocation) -> Value {
-    json!({"id": a.container_id, "podref": a.pod_ref, "ifname": a.ifname})
-}
-
-/// A new `IPPool` holding `entries`.
+/// A new `IPPool` holding `entries` (each as whereabouts writes it: the pool
+/// document's entry, in its Go struct's field order).
 pub fn new_pool(name: &str, namespace: &str, cidr: &str, entries: &[&Allocation]) -> Value {
-    let allocations: Map<String, Value> = entries.iter().map(|a| (a.offset.to_string(), allocation_value(a))).collect();
+    let allocations: Map<String, Value> = entries.iter().map(|a| (a.offset.to_string(), entry_value(a))).collect();
     json!({
         "apiVersion": api_version(),
         "kind": "IPPool",

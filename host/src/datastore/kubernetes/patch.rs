@@ -27,7 +27,8 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 use thereabouts_allocator::model::Allocation;
 
-use super::crd::{PoolObject, allocation_value};
+use super::crd::PoolObject;
+use crate::datastore::pool_document::entry_value;
 use crate::datastore::{Change, apply_changes};
 
 const ALLOCATIONS: &str = "/spec/allocations";
@@ -58,7 +59,7 @@ pub fn update(pool: &PoolObject, changes: &[Change]) -> Result<Value, String> {
                     ops.push(json!({"op": "test", "path": format!("{ALLOCATIONS}/{alias}"), "value": null}));
                 }
                 ops.push(json!({"op": "test", "path": path, "value": null}));
-                ops.push(json!({"op": "add", "path": path, "value": allocation_value(a)}));
+                ops.push(json!({"op": "add", "path": path, "value": entry_value(a)}));
             }
             Change::Remove { offset } => {
                 let key = key(offset)?;
@@ -90,7 +91,7 @@ pub fn rollback(inserted: &[&Allocation]) -> Value {
     let mut ops = Vec::with_capacity(inserted.len() * 2);
     for a in inserted {
         let path = format!("{ALLOCATIONS}/{}", a.offset);
-        ops.push(json!({"op": "test", "path": path, "value": allocation_value(a)}));
+        ops.push(json!({"op": "test", "path": path, "value": entry_value(a)}));
         ops.push(json!({"op": "remove", "path": path}));
     }
     Value::Array(ops)

@@ -1,0 +1,183 @@
+//! The pool document: how every store that writes a pool whole (the file
+//! store's slots, the etcd pool keys) encodes it, in one place.
+//!
+//! `{"range": "<CIDR>", "allocations": {"<decimal offset>": {"id", "podref",
+//! "ifname"}}}`: the shape of whereabouts' `IPPool` spec (its `IPAllocation`
+//! JSON names, in its field order), keys in ascending numeric order. The file
+//! store also records the CNI network that created each entry (`network`): once
+//! for the pool when one network created every entry (the usual pool), per
+//! entry otherwise. The Kubernetes store writes the same entry shape
+//! ([`entry_value`]) but reads `IPPool` objects as whereabouts does, keys it
+//! wrote before v0.5 included (`kubernetes::crd::parse_pool`).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use thereabouts_allocator::model::Allocation;
+
+/// A pool as stored: its range and entries by offset, with the network that
+/// created each where known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolDocument {
+    pub range: String,
+    pub entries: BTreeMap<u128, Allocation>,
+    pub created_by: BTreeMap<u128, Arc<str>>,
+}
+
+/// The document on the wire. Typed, with strings borrowed from the input where
+/// they need no unescaping, rather than a `serde_json::Value`: a DEL of a
+/// 100-entry file pool spent most of its time building and hashing generic maps.
+#[derive(Serialize, Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow)]
+    range: Cow<'a, str>,
+    /// The network of every entry that names none, written when one network
+    /// created them all: the name once, not once per entry, which cost every
+    /// read and write of a full pool ~10 % more instructions (callgrind, 100
+    /// entries per pool).
+    #[serde(borrow, default, skip_serializing_if = "str::is_empty")]
+    network: Cow<'a, str>,
+    #[serde(borrow, default)]
+    allocations: BTreeMap<u128, WireEntry<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireEntry<'a> {
+    #[serde(borrow, default)]
+    id: Cow<'a, str>,
+    #[serde(borrow, default)]
+    podref: Cow<'a, str>,
+    #[serde(borrow, default)]
+    ifname: Cow<'a, str>,
+    /// Empty when unknown: serde borrows from the input into a `Cow<str>`
+    /// field, not into an `Option<Cow<str>>`, and this is read for every entry.
+    #[serde(borrow, default, skip_serializing_if = "str::is_empty")]
+    network: Cow<'a, str>,
+}
+
+impl<'a> WireEntry<'a> {
+    fn of(a: &'a Allocation, network: &'a str) -> Self {
+        WireEntry { id: Cow::Borrowed(&a.container_id), podref: Cow::Borrowed(&a.pod_ref), ifname: Cow::Borrowed(&a.ifname), network: Cow::Borrowed(network) }
+    }
+}
+
+/// How the document is laid out: for people reading a node's files, or small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Pretty,
+    Compact,
+}
+
+impl PoolDocument {
+    pub fn empty(range: &str) -> Self {
+        PoolDocument { range: range.to_string(), ..PoolDocument::default() }
+    }
+
+    pub fn encode(&self, format: Format) -> Vec<u8> {
+        let mut creators = self.created_by.values();
+        let first = creators.next();
+        let every = first.filter(|n| self.created_by.len() == self.entries.len() && creators.all(|m| m == *n)).map_or("", |n| &**n);
+        let allocations = self
+            .entries
+            .iter()
+            .map(|(&offset, a)| (offset, WireEntry::of(a, if every.is_empty() { self.created_by.get(&offset).map_or("", |n| n) } else { "" })))
+            .collect();
+        let wire = Wire { range: Cow::Borrowed(&self.range), network: Cow::Borrowed(every), allocations };
+        match format {
+            Format::Pretty => crate::json::pretty(&wire).into_bytes(),
+            // Serializing a derive(Serialize) type into a Vec cannot fail.
+            Format::Compact => serde_json::to_vec(&wire).unwrap_or_default(),
+        }
+    }
+
+    /// Reads a stored document; the error says what is wrong with it.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let wire: Wire =
+            serde_json::from_slice(bytes).map_err(|e| format!("not a pool document ({{\"range\", \"allocations\": {{decimal offset: entry}}}}): {e}"))?;
+        // One allocation per network, not per entry: the entries of a pool come
+        // from a handful of networks.
+        let mut networks: Vec<Arc<str>> = Vec::new();
+        let mut created_by = BTreeMap::new();
+        let every = wire.network;
+        let entries = wire
+            .allocations
+            .into_iter()
+            .map(|(offset, e)| {
+                let network = if e.network.is_empty() { &*every } else { &*e.network };
+                if !network.is_empty() {
+                    let known = networks.iter().find(|n| ***n == *network).cloned();
+                    let network = known.unwrap_or_else(|| {
+                        networks.push(Arc::from(network));
+                        Arc::clone(&networks[networks.len() - 1])
+                    });
+                    created_by.insert(offset, network);
+                }
+                (offset, Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() })
+            })
+            .collect();
+        Ok(PoolDocument { range: wire.range.into_owned(), entries, created_by })
+    }
+}
+
+/// One entry as a pool document holds it, for stores that write entries one
+/// by one (the Kubernetes JSON patches).
+pub fn entry_value(a: &Allocation) -> serde_json::Value {
+    serde_json::to_value(WireEntry::of(a, "")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(offset: u128, id: &str) -> Allocation {
+        Allocation { offset, container_id: id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into() }
+    }
+
+    fn document(entries: &[Allocation], created_by: &[(u128, &str)]) -> PoolDocument {
+        PoolDocument {
+            range: "2001:db8::/64".into(),
+            entries: entries.iter().map(|a| (a.offset, a.clone())).collect(),
+            created_by: created_by.iter().map(|&(o, n)| (o, Arc::from(n))).collect(),
+        }
+    }
+
+    #[test]
+    fn documents_round_trip_with_keys_in_numeric_order() {
+        let wide = u128::from(u64::MAX) + 7;
+        let doc = document(&[alloc(wide, "x\"y"), alloc(2, "b")], &[(wide, "net-a")]);
+        for format in [Format::Pretty, Format::Compact] {
+            let bytes = doc.encode(format);
+            let text = String::from_utf8(bytes.clone()).unwrap();
+            assert!(text.find("\"2\"").unwrap() < text.find("\"18446744073709551622\"").unwrap(), "{text}");
+            assert_eq!(PoolDocument::decode(&bytes).unwrap(), doc);
+        }
+        let compact = String::from_utf8(document(&[alloc(2, "b")], &[]).encode(Format::Compact)).unwrap();
+        assert_eq!(compact, r#"{"range":"2001:db8::/64","allocations":{"2":{"id":"b","podref":"ns/p","ifname":"eth0"}}}"#);
+        assert_eq!(entry_value(&alloc(2, "b")), serde_json::json!({"id": "b", "podref": "ns/p", "ifname": "eth0"}));
+    }
+
+    #[test]
+    fn the_creating_network_is_written_once_when_it_made_every_entry() {
+        let entries = [alloc(1, "a"), alloc(2, "b")];
+        for (created_by, uniform) in [(&[(1, "net-a"), (2, "net-a")][..], true), (&[(1, "net-a"), (2, "net-b")], false), (&[(2, "net-a")], false), (&[], false)]
+        {
+            let doc = document(&entries, created_by);
+            let json: serde_json::Value = serde_json::from_slice(&doc.encode(Format::Compact)).unwrap();
+            assert_eq!(json.get("network").is_some(), uniform, "{json}");
+            assert_eq!(PoolDocument::decode(&doc.encode(Format::Compact)).unwrap().created_by, doc.created_by);
+        }
+    }
+
+    #[test]
+    fn malformed_documents_are_errors_and_missing_entry_fields_read_as_empty() {
+        let sparse = PoolDocument::decode(br#"{"range": "2001:db8::/64", "allocations": {"5": {"id": "c"}}}"#).unwrap();
+        assert_eq!(sparse.entries[&5], Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() });
+        assert_eq!(PoolDocument::decode(br#"{"range": "2001:db8::/64"}"#).unwrap(), PoolDocument::empty("2001:db8::/64"));
+        for bad in [&br#"{"range": "x", "allocations": []}"#[..], br#"{"range": "x", "allocations": {"-1": {}}}"#, br#"{"allocations": {}}"#, b"{", b"", b"[1]"]
+        {
+            assert!(PoolDocument::decode(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}
