@@ -27,13 +27,19 @@ pub enum Ifname {
 /// pod's address, as in whereabouts. Outside Kubernetes: the same container and
 /// interface.
 pub fn same_attachment(recorded: Holder, asking: Holder, ifname: Ifname) -> bool {
-    let same_pod = if asking.pod_ref.is_empty() {
+    let same_interface = recorded.ifname == asking.ifname || (ifname == Ifname::MayBeMissing && recorded.ifname.is_empty());
+    same_holder(recorded, asking) && same_interface
+}
+
+/// The first half of [`same_attachment`]: the same pod in Kubernetes, the same
+/// container outside, whatever the interface. What an ADD hands the planner as
+/// the attachment's own entries, among which it picks the interface's.
+pub fn same_holder(recorded: Holder, asking: Holder) -> bool {
+    if asking.pod_ref.is_empty() {
         !recorded.container_id.is_empty() && recorded.container_id == asking.container_id
     } else {
         recorded.pod_ref == asking.pod_ref
-    };
-    let same_interface = recorded.ifname == asking.ifname || (ifname == Ifname::MayBeMissing && recorded.ifname.is_empty());
-    same_pod && same_interface
+    }
 }
 
 #[cfg(test)]
@@ -50,6 +56,8 @@ mod tests {
     fn a_pod_keeps_its_address_across_containers_on_the_same_interface() {
         assert!(same_attachment(recorded("c1", "ns/pod", "eth0"), ASKING, Ifname::Required));
         assert!(!same_attachment(recorded("c2", "ns/pod", "net1"), ASKING, Ifname::Required));
+        // The pod's entry on another interface is still the pod's: the planner picks among them.
+        assert!(same_holder(recorded("c1", "ns/pod", "net1"), ASKING));
         assert!(!same_attachment(recorded("c2", "ns/other", "eth0"), ASKING, Ifname::Required));
     }
 

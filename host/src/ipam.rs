@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
-use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
+use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment, same_holder};
 use thereabouts_allocator::model::{
     self, Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, Request, Reservations,
 };
@@ -194,13 +194,10 @@ pub fn allocate(
             .map(|pool| {
                 let entries = entries_of(loaded, &pool.name);
                 let mut state = pool_state(pool, entries);
-                // The pod's own entries, by pod-ref (or container ID outside Kubernetes):
-                // the engine decides whether one is this attachment's address to keep.
-                state.snapshot.held = entries
-                    .iter()
-                    .filter(|e| if request.pod_ref.is_empty() { e.container_id == request.container_id } else { e.pod_ref == request.pod_ref })
-                    .cloned()
-                    .collect();
+                // The pod's own entries (the container's outside Kubernetes): the
+                // engine decides whether one is this attachment's address to keep.
+                let asking = Holder { container_id: &request.container_id, pod_ref: &request.pod_ref, ifname: &request.ifname };
+                state.snapshot.held = entries.iter().filter(|e| same_holder(e.holder(), asking)).cloned().collect();
                 // Addresses an earlier attempt found reserved by an overlapping range.
                 if reserving {
                     state.snapshot.reserved = loaded.get(&pool.name).map(|p| p.reserved.clone()).unwrap_or_default();
