@@ -50,11 +50,13 @@ use std::io::{ErrorKind, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
 use std::sync::mpsc;
 use std::time::Instant;
+use thereabouts_allocator::model::Allocation;
 
 use super::file_overlap::{Scoped, same_range};
-use super::pool_document::{Format, PoolDocument};
+use super::pool_document::{self, Format, PoolDocument};
 use super::pool_file;
 use super::{Capabilities, Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction, Version};
 
@@ -351,7 +353,8 @@ impl FileTransaction<'_> {
         let mut writes = Vec::with_capacity(order.len());
         for (update, current) in read {
             let (disk, pool) = current.map_or((None, Pool::default()), |(disk, pool)| (Some(disk), pool));
-            let payload = apply(&update.pool.name, &update.pool.cidr, pool, &update.changes, &store.network)?.encode(Format::Pretty);
+            let stored = apply(&update.pool.name, pool, &update.changes, &store.network)?;
+            let payload = pool_document::encode(&update.pool.cidr, &stored.entries, &stored.created_by, Format::Pretty);
             writes.push(match disk {
                 Some(disk) if pool_file::fits(disk.slot_size, payload.len()) => {
                     PoolWrite::Slot { index: 1 - disk.current_slot, version: disk.version + 1, file: disk.file, slot_size: disk.slot_size, payload }
@@ -484,11 +487,17 @@ fn lock_file(path: PathBuf, what: &str, deadline: Instant) -> Result<File, Datas
     }
 }
 
-/// `pool` of range `range` after `changes` made on behalf of the CNI network
-/// `network`: an entry it inserts, or adopts for a new container, is recorded
-/// as that network's.
-fn apply(pool_name: &str, range: &str, pool: Pool, changes: &[Change], network: &Arc<str>) -> Result<PoolDocument, DatastoreError> {
-    let mut stored = PoolDocument { range: range.to_string(), entries: pool.entries.into_iter().map(|a| (a.offset, a)).collect(), created_by: pool.created_by };
+/// A pool's entries by offset, with the network that created each, if known.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Stored {
+    entries: BTreeMap<u128, Allocation>,
+    created_by: BTreeMap<u128, Arc<str>>,
+}
+
+/// `pool` after `changes` made on behalf of the CNI network `network`: an
+/// entry it inserts, or adopts for a new container, is recorded as that network's.
+fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) -> Result<Stored, DatastoreError> {
+    let mut stored = Stored { entries: pool.entries.into_iter().map(|a| (a.offset, a)).collect(), created_by: pool.created_by };
     let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: pool_name.to_string(), detail };
     let record = |created_by: &mut BTreeMap<u128, Arc<str>>, offset: u128| {
         if !network.is_empty() {
@@ -515,7 +524,7 @@ fn apply(pool_name: &str, range: &str, pool: Pool, changes: &[Change], network: 
 /// that created each where known (the version is the slot's, not set here).
 fn decode(path: &Path, bytes: &[u8]) -> Result<(String, Pool), DatastoreError> {
     let doc = PoolDocument::decode(bytes).map_err(|detail| DatastoreError::Corrupt { path: path.to_path_buf(), detail })?;
-    Ok((doc.range, Pool { entries: doc.entries.into_values().collect(), created_by: doc.created_by, ..Pool::default() }))
+    Ok((doc.range, Pool { entries: doc.entries, created_by: doc.created_by, ..Pool::default() }))
 }
 
 /// `fdatasync` of every written pool file, one after the other: data-only
@@ -529,7 +538,6 @@ fn sync_all_data(files: &[&File]) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use std::time::Duration;
-    use thereabouts_allocator::model::Allocation;
 
     fn temp_dir(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("thereabouts-file-{tag}-{}", std::process::id()));

@@ -42,7 +42,7 @@ impl<'s> EtcdTransaction<'s> {
         };
         let value = PoolDocument::decode(kv.value())
             .map_err(|detail| DatastoreError::Malformed { object: format!("etcd key {}", self.store.layout.pool_key(&pool.name)), detail })?;
-        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries.values().cloned().collect(), reserved, ..Pool::default() };
+        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries.clone(), reserved, ..Pool::default() };
         self.read.insert(pool.name.clone(), value);
         Ok(loaded)
     }

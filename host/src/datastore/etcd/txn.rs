@@ -14,11 +14,13 @@
 //!   only while it is still the removed entry's attachment's; absent or someone
 //!   else's, it is left alone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+use thereabouts_allocator::model::Allocation;
 
 use super::super::{Change, PoolUpdate, apply_changes};
 use super::layout::{Layout, ReservationValue};
-use crate::datastore::pool_document::{Format, PoolDocument};
+use crate::datastore::pool_document::{self, Format, PoolDocument};
 
 /// A condition the transaction needs to hold on a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +94,7 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
         let name = &update.pool.name;
         let inconsistent = |detail: String| Refusal::Inconsistent { pool: name.clone(), detail };
         let pool_key = layout.pool_key(name);
-        let mut value = if update.expected.is_absent() {
+        let value = if update.expected.is_absent() {
             txn.guards.push(Guard::Absent { key: pool_key.clone() });
             PoolDocument::empty(&update.pool.cidr)
         } else {
@@ -107,7 +109,8 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
         };
         // The entries as the shared meaning of the changes leaves them; the
         // reservation changes below become guarded writes of their own keys.
-        apply_changes(&mut value.entries, &update.changes).map_err(inconsistent)?;
+        let mut entries: BTreeMap<u128, Allocation> = value.entries.into_iter().map(|a| (a.offset, a)).collect();
+        apply_changes(&mut entries, &update.changes).map_err(inconsistent)?;
         let pool_changed = update.changes.iter().any(Change::touches_entries);
         for change in &update.changes {
             match change {
@@ -143,7 +146,7 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
             }
         }
         if pool_changed {
-            txn.writes.push(Write::Put { key: pool_key, value: value.encode(Format::Compact) });
+            txn.writes.push(Write::Put { key: pool_key, value: pool_document::encode(&value.range, &entries, &BTreeMap::new(), Format::Compact) });
         }
     }
     Ok(txn)
@@ -181,7 +184,7 @@ mod tests {
         let a4 = alloc(1, "c1", "pod-a");
         let a6 = alloc(1, "c1", "pod-a");
         let mut existing = PoolDocument::empty("2001:db8::/64");
-        existing.entries.insert(2, alloc(2, "c0", "pod-0"));
+        existing.entries.push(alloc(2, "c0", "pod-0"));
         let pools = HashMap::from([("2001-db8---64".to_string(), existing)]);
         let reservations = HashMap::new();
         let updates = vec![
@@ -253,7 +256,7 @@ mod tests {
         let b = alloc(2, "c2", "pod-b");
         let mut read = PoolDocument::empty("192.0.2.0/24");
         for e in [&a, &b] {
-            read.entries.insert(e.offset, e.clone());
+            read.entries.push(e.clone());
         }
         let pools = HashMap::from([("p".to_string(), read)]);
         // a's reservation is its own; b's address is now reserved by someone else.
