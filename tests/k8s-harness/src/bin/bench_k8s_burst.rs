@@ -50,13 +50,15 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
+use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, addr_of, thereabouts_bin};
 use thereabouts_k8s_harness::Cluster;
-use thereabouts_k8s_harness::bench::Runner;
-use thereabouts_k8s_harness::burst::{
-    Invocation, Metrics, RequestCounts, address, log_path, ms, per_call, percentile, pool_entries, process_cpu, reservations_in, run_one,
-};
-use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf, with_debug_log};
+use thereabouts_k8s_harness::addresses::pool_name;
+use thereabouts_k8s_harness::apiserver_metrics::{Metrics, RequestCounts};
+use thereabouts_k8s_harness::bench::{Runner, process_cpu};
+use thereabouts_k8s_harness::held::{pool_entries, reservations_in};
+use thereabouts_k8s_harness::log_stats::{log_path, with_debug_log};
+use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
+use thereabouts_k8s_harness::report::{ms, per_call, percentile};
 
 struct Options {
     pods: usize,
@@ -144,13 +146,13 @@ type Phase = thereabouts_k8s_harness::bench::Phase<RequestCounts>;
 
 impl Bench {
     fn pools(&self) -> Vec<(String, String)> {
-        self.ranges.iter().map(|r| (r.replace([':', '/'], "-"), r.clone())).collect()
+        self.ranges.iter().map(|r| (pool_name(r), r.clone())).collect()
     }
 
     fn invocation(&self, command: &str, cid: &str, pod: &str) -> Invocation {
         let log = log_path(self.logs.path(), &format!("{}-{cid}", command.to_lowercase()));
         let stdin = with_debug_log(self.conf.clone(), &log).to_string();
-        Invocation::new(Call::pod(command, cid, pod), stdin).budget(self.timeout)
+        Invocation::new(Call::pod(command, cid, pod), stdin).budget(self.timeout).watchdog(self.watchdog)
     }
 
     /// The request counts now; with `--dump-metrics`, also the whole `/metrics`
@@ -183,7 +185,7 @@ impl Bench {
     fn phase(&self, name: &str, command: &str, pods: &[(String, String)], concurrent: bool) -> (Phase, Vec<Outcome>) {
         let invocations: Vec<Invocation> = pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod)).collect();
         let server_cpu = || self.cluster.pids().into_iter().map(process_cpu).sum::<Duration>();
-        let runner = Runner { bin: &self.bin, watchdog: self.watchdog, logs: self.logs.path(), scrape: &|label| self.scrape(label), server_cpu: &server_cpu };
+        let runner = Runner { bin: &self.bin, logs: self.logs.path(), scrape: &|label| self.scrape(label), server_cpu: &server_cpu };
         runner.phase(name, command, &invocations, concurrent)
     }
 
@@ -197,7 +199,7 @@ impl Bench {
                 bail!("{} addresses for one pod: {}", ips.len(), o.describe());
             }
             for (ip, set) in ips.iter().zip(seen.iter_mut()) {
-                if !set.insert(address(ip)) {
+                if !set.insert(addr_of(ip)) {
                     bail!("{ip} handed out twice");
                 }
             }
@@ -231,16 +233,7 @@ fn main() -> Result<()> {
     let options = parse_options()?;
     let bin = thereabouts_bin();
     let t0 = Instant::now();
-    let cluster = Cluster::start().context("starting etcd + kube-apiserver")?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async {
-        cluster.install_crds().await?;
-        cluster.install_rbac().await?;
-        if options.flowcontrol {
-            cluster.install_flowcontrol().await?;
-        }
-        anyhow::Ok(())
-    })?;
+    let cluster = Cluster::prepared_with(options.flowcontrol).context("starting etcd + kube-apiserver")?;
     eprintln!("bench: deploy/flowcontrol.yaml {}", if options.flowcontrol { "applied" } else { "NOT applied (--without-flowcontrol)" });
     eprintln!("bench: control plane ready in {:.1?}", t0.elapsed());
     let metrics = match Metrics::admin(&cluster).and_then(|m| m.requests().map(|_| m)) {
@@ -267,11 +260,11 @@ fn main() -> Result<()> {
     };
 
     // Warm-up: the pools exist from here on (a running cluster's state).
-    let warm = run_one(&bench.bin, &bench.invocation("ADD", "cid-warm", "warm"), bench.watchdog);
+    let warm = bench.invocation("ADD", "cid-warm", "warm").run(&bench.bin);
     if !warm.ok() {
         bail!("warm-up ADD failed: {}", warm.describe());
     }
-    let warm_del = run_one(&bench.bin, &bench.invocation("DEL", "cid-warm", "warm"), bench.watchdog);
+    let warm_del = bench.invocation("DEL", "cid-warm", "warm").run(&bench.bin);
     if !warm_del.ok() {
         bail!("warm-up DEL failed: {}", warm_del.describe());
     }
