@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use thereabouts_e2e::{Invocation, Outcome};
 
 use crate::apiserver_metrics::RequestCounts;
-use crate::burst::run_concurrently;
+use crate::burst::{Network, run_concurrently};
 use crate::etcd::GrpcCounts;
-use crate::log_stats::{LogStats, log_path};
+use crate::log_stats::LogStats;
 use crate::report::{failure_summary, percentile};
 
 /// A server's request counters, scraped before and after a phase.
@@ -53,12 +53,11 @@ pub struct Phase<C> {
     pub server_cpu: Duration,
 }
 
-/// How a bench runs a phase: its plugin binary, log directory, and how it
-/// reads the server's counters and CPU time.
+/// How a bench runs a phase: its plugin binary, the network whose calls keep
+/// their debug logs, and how it reads the server's counters and CPU time.
 pub struct Runner<'a, C> {
     pub bin: &'a Path,
-    /// Where each call's debug log is (`burst::log_path(logs, "<command>-<cid>")`).
-    pub logs: &'a Path,
+    pub net: &'a Network,
     /// The counters now; the argument labels the moment ("before <phase>").
     pub scrape: &'a dyn Fn(&str) -> Option<C>,
     pub server_cpu: &'a dyn Fn() -> Duration,
@@ -78,10 +77,7 @@ impl<C: Counts> Runner<'_, C> {
             (Some(b), Some(a)) => Some(a.since(&b)),
             _ => None,
         };
-        let mut logs = LogStats::default();
-        for o in &outcomes {
-            logs.add(&LogStats::read(&log_path(self.logs, &format!("{}-{}", command.to_lowercase(), o.call.container_id))));
-        }
+        let logs = self.net.log_stats(command, &outcomes);
         let groups = failure_summary(&outcomes);
         for (n, m) in &groups {
             eprintln!("bench: {name}: {n} failed with: {m}");
