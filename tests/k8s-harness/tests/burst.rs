@@ -5,7 +5,7 @@
 //!
 //! * a burst of 200 concurrent dual-stack ADDs, then 200 concurrent DELs;
 //! * the apiserver killed in the middle of a burst of ADDs with a short deadline;
-//! * ADDs and DELs while a whereabouts-style writer keeps changing the same pool.
+//! * ADDs and DELs while a whereabouts v0.9.4 peer keeps changing the same pool.
 //!
 //! Each call gets a generous deadline where the test checks correctness, not
 //! speed (the `bench_k8s_burst` binary measures speed). Each test has a private
@@ -189,8 +189,8 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
-/// Concurrent ADDs, then concurrent DELs, while a whereabouts client keeps
-/// adding and removing its own entries in the same IPv4 pool (and holds three
+/// Concurrent ADDs, then concurrent DELs, while a whereabouts peer ([`Churn`])
+/// keeps adding and removing its own entries in the same IPv4 pool (and holds three
 /// for good): no address is handed out twice, the plugin never touches the
 /// other writer's entries or reservations (nor the other writer the plugin's),
 /// and the DELs leave exactly the other writer's entries.

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, addr_of, thereabouts_bin};
 use thereabouts_k8s_harness::addresses::pool_name;
 use thereabouts_k8s_harness::apiserver_metrics::{Metrics, RequestCounts};
-use thereabouts_k8s_harness::burst::run_concurrently;
+use thereabouts_k8s_harness::burst::{pods, pods_of, run_concurrently};
 use thereabouts_k8s_harness::held::{check_held, pool_entries, reservations_in, reserves_in};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS, kubeconfig_variant, kubernetes_conf};
 use thereabouts_k8s_harness::whereabouts::{self, Peer};
@@ -55,6 +55,12 @@ fn add(conf: &str, cid: &str, pod: &str) -> Outcome {
 
 fn del(conf: &str, cid: &str, pod: &str) -> Outcome {
     run(Call::pod("DEL", cid, pod), conf, &[])
+}
+
+/// `command` for each of `pods` = (container ID, pod name), all at once.
+fn at_once(command: &str, conf: &str, pods: &[(String, String)]) -> Vec<Outcome> {
+    let calls: Vec<Invocation> = pods.iter().map(|(cid, pod)| Invocation::new(Call::pod(command, cid, pod), conf)).collect();
+    run_concurrently(&thereabouts_bin(), &calls, None)
 }
 
 fn entry(cid: &str, pod: &str) -> Value {
@@ -473,8 +479,7 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
             writes
         });
         let before = request_counts(&metrics);
-        let calls: Vec<Invocation> = (0..PODS).map(|i| Invocation::new(Call::pod("ADD", &format!("cid-{i}"), &format!("burst-{i}")), cs.clone())).collect();
-        let outcomes = run_concurrently(&thereabouts_bin(), &calls, None);
+        let outcomes = at_once("ADD", &cs, &pods("burst", PODS));
         let counted = request_counts(&metrics).since(&before);
         stop.store(true, Ordering::Relaxed);
         (outcomes, interferer.join().unwrap(), counted)
@@ -491,8 +496,7 @@ fn concurrent_adds_under_interference_hand_out_unique_addresses() {
     let annotations = &objects.get(IPPOOLS, "192.0.2.32-27").unwrap().unwrap()["metadata"]["annotations"];
     assert_eq!(annotations["example.com/touched"], (writes - 1).to_string(), "the other writer's field survives");
 
-    let dels: Vec<Invocation> = holders.iter().map(|o| Invocation::new(Call::pod("DEL", &o.call.container_id, o.call.pod_name()), cs.clone())).collect();
-    for o in run_concurrently(&thereabouts_bin(), &dels, None) {
+    for o in at_once("DEL", &cs, &pods_of(&holders)) {
         o.expect_ok("concurrent DEL");
     }
     assert!(objects.allocations("192.0.2.32-27").unwrap().is_empty() && objects.allocations("2001-db8-74---64").unwrap().is_empty());
@@ -575,8 +579,7 @@ fn racing_writers_without_reservations_never_share_an_address() {
             };
             (0..WHEREABOUTS).map(allocate).collect::<Vec<_>>()
         });
-        let calls: Vec<Invocation> = (0..PODS).map(|i| Invocation::new(Call::pod("ADD", &format!("cid-{i}"), &format!("race-{i}")), cs.clone())).collect();
-        (run_concurrently(&thereabouts_bin(), &calls, None), whereabouts.join().unwrap())
+        (at_once("ADD", &cs, &pods("race", PODS)), whereabouts.join().unwrap())
     });
     let refused = request_counts(&metrics).since(&before).of("PATCH", IPPOOLS, "422");
     let peer_refused: usize = taken.iter().map(|(_, r)| r).sum();
@@ -600,8 +603,7 @@ fn racing_writers_without_reservations_never_share_an_address() {
     }
     assert_eq!((v4.len(), entries[1].len()), (1 + PODS + WHEREABOUTS, 1 + PODS));
 
-    let dels: Vec<Invocation> = holders.iter().map(|o| Invocation::new(Call::pod("DEL", &o.call.container_id, o.call.pod_name()), cs.clone())).collect();
-    for o in run_concurrently(&thereabouts_bin(), &dels, None) {
+    for o in at_once("DEL", &cs, &pods_of(&holders)) {
         o.expect_ok("racing DEL");
     }
     let left: BTreeSet<String> = objects.allocations("192.0.2.0-27").unwrap().into_keys().collect();
