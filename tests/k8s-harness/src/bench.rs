@@ -58,7 +58,7 @@ pub struct Phase<C> {
 pub struct Runner<'a, C> {
     pub bin: &'a Path,
     pub net: &'a Network,
-    /// The counters now; the argument labels the moment ("before <phase>").
+    /// The counters now; the argument labels the moment (`"before <phase>"`).
     pub scrape: &'a dyn Fn(&str) -> Option<C>,
     pub server_cpu: &'a dyn Fn() -> Duration,
 }

@@ -17,6 +17,17 @@
 //! kills the control plane (parent-death signal) and the next [`Cluster::start`]
 //! removes the orphaned temp dir.
 //!
+//! [`Cluster::prepared`] is a control plane as `deploy/` sets one up (CRDs, RBAC,
+//! flow control), [`Cluster::shared`] one that the tests of a test binary share.
+//! Beside it, for the tests that run the plugin on it (each module one job):
+//! [`plugin`] (network configs, the admin's blocking view of the objects),
+//! [`whereabouts`] (a whereabouts v0.9.4 peer writing the same objects),
+//! [`held`] (what a datastore holds against the CNI results), [`addresses`]
+//! (range math and whereabouts' names), [`burst`] (many calls at once, a burst
+//! through an outage), [`report`] (failures grouped, summaries), [`etcd`] (etcd
+//! alone), and for the benchmarks [`bench`](mod@bench), [`apiserver_metrics`] and
+//! [`log_stats`]. One CNI call is run by `thereabouts_e2e::Invocation::run`.
+//!
 //! ```no_run
 //! # async fn t() -> anyhow::Result<()> {
 //! let cluster = thereabouts_k8s_harness::Cluster::start()?;   // blocking, ~10-30 s

@@ -77,6 +77,7 @@ fn versions(objects: &Objects, ranges: &[&str]) -> BTreeMap<String, Value> {
     let pools: Vec<String> = ranges.iter().map(|r| pool_name(r)).collect();
     let version = |(name, o): (String, Value)| (name, o["metadata"]["resourceVersion"].clone());
     let mut out: BTreeMap<String, Value> = objects.list(IPPOOLS).unwrap().into_iter().filter(|(n, _)| pools.contains(n)).map(version).collect();
+    assert_eq!(out.len(), pools.len(), "every pool of {ranges:?} exists");
     out.extend(objects.list(RESERVATIONS).unwrap().into_iter().filter(|(n, _)| reserves_in(n, ranges)).map(version));
     out
 }
@@ -287,6 +288,7 @@ fn a_whereabouts_pool_keeps_its_bytes_and_gets_whereabouts_entries() {
     }
     assert_eq!(after["spec"]["range"], "192.0.2.80/28");
     assert_eq!(entry_text(&after, "3"), r#"{"id":"cid-g1","ifname":"eth0","podref":"default/golden-new-1"}"#);
+    assert_eq!(after["spec"]["allocations"]["5"], entry("cid-g2", "golden-new-2"));
     assert_eq!(after["spec"]["allocations"].as_object().unwrap().len(), 5);
     let reservations = objects.reservations().unwrap();
     assert_eq!(reservations["192.0.2.83"], reservation("cid-g1", "golden-new-1"));
