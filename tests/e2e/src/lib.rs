@@ -5,22 +5,20 @@
 //! (or a CNI error object) on stdout. Nothing links against the plugin's crates, so the
 //! tests see only the standard CNI interface and the on-disk file datastore.
 
+mod process;
+
+pub use process::{CALL_TIMEOUT, Call, Invocation, Outcome, k8s_args};
+
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
-
-/// Per-call limit: a call that takes this long is a hang (e.g. a stale lock). Generous on
-/// purpose: with 16 writers on 2 busy cores single calls have been seen to take ~15 s, and
-/// the plugin's own budget is 60 s (DEL) / 120 s (ADD).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(90);
+use std::time::Duration;
 
 /// The workspace root (two levels above this crate).
 pub fn workspace_root() -> PathBuf {
@@ -103,182 +101,6 @@ pub fn thereabouts_conf(cni_version: &str, name: &str, data_dir: &Path, legacy_r
         ipam["ipRanges"] = Value::Array(ip_ranges.iter().map(|r| json!({ "range": r })).collect());
     }
     json!({ "cniVersion": cni_version, "name": name, "type": "thab-e2e", "ipam": ipam })
-}
-
-/// Kubernetes-style CNI_ARGS for a pod in namespace `default`.
-pub fn k8s_args(pod: &str) -> String {
-    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}")
-}
-
-/// One CNI invocation: the environment a runtime would pass.
-#[derive(Clone, Debug)]
-pub struct Call {
-    pub command: String,
-    pub container_id: String,
-    pub netns: String,
-    pub ifname: String,
-    pub cni_args: String,
-    pub cni_path: String,
-}
-
-impl Call {
-    /// ADD/DEL/CHECK for a pod attachment (netns is a dummy path: pure IPAM needs none).
-    pub fn pod(command: &str, container_id: &str, pod: &str) -> Call {
-        Call {
-            command: command.into(),
-            container_id: container_id.into(),
-            netns: "/var/run/netns/thab-e2e-dummy".into(),
-            ifname: "eth0".into(),
-            cni_args: k8s_args(pod),
-            cni_path: "/nonexistent-thab-e2e".into(),
-        }
-    }
-    /// GC / STATUS the way libcni sends them: empty CONTAINERID/NETNS/IFNAME/ARGS.
-    pub fn global(command: &str) -> Call {
-        Call {
-            command: command.into(),
-            container_id: String::new(),
-            netns: String::new(),
-            ifname: String::new(),
-            cni_args: String::new(),
-            cni_path: "/nonexistent-thab-e2e".into(),
-        }
-    }
-
-    fn command(&self, bin: &Path) -> Command {
-        let mut c = Command::new(bin);
-        c.env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("CNI_COMMAND", &self.command)
-            .env("CNI_CONTAINERID", &self.container_id)
-            .env("CNI_NETNS", &self.netns)
-            .env("CNI_IFNAME", &self.ifname)
-            .env("CNI_ARGS", &self.cni_args)
-            .env("CNI_PATH", &self.cni_path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
-    }
-
-    /// Starts the plugin with `stdin` written and closed; stdout/stderr are piped.
-    pub fn spawn(&self, bin: &Path, stdin: &str) -> Child {
-        let mut child = self.command(bin).spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-        let mut si = child.stdin.take().expect("stdin");
-        // The config is far below the pipe buffer size, so this never blocks; a child
-        // killed before reading gives EPIPE, which is fine.
-        let _ = si.write_all(stdin.as_bytes());
-        drop(si);
-        child
-    }
-
-    /// Runs to completion (killed after CALL_TIMEOUT, reported as `timed_out`).
-    pub fn run(&self, bin: &Path, stdin: &str) -> Outcome {
-        let start = Instant::now();
-        let mut child = self.spawn(bin, stdin);
-        let mut so = child.stdout.take().expect("stdout");
-        let mut se = child.stderr.take().expect("stderr");
-        let to = std::thread::spawn(move || {
-            let mut s = Vec::new();
-            let _ = so.read_to_end(&mut s);
-            s
-        });
-        let te = std::thread::spawn(move || {
-            let mut s = Vec::new();
-            let _ = se.read_to_end(&mut s);
-            s
-        });
-        let mut timed_out = false;
-        let status = loop {
-            if let Some(st) = child.try_wait().expect("try_wait") {
-                break st;
-            }
-            if start.elapsed() > CALL_TIMEOUT {
-                timed_out = true;
-                let _ = child.kill();
-                break child.wait().expect("wait");
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        let elapsed = start.elapsed();
-        Outcome {
-            call: self.clone(),
-            status,
-            stdout: String::from_utf8_lossy(&to.join().unwrap()).into_owned(),
-            stderr: String::from_utf8_lossy(&te.join().unwrap()).into_owned(),
-            elapsed,
-            timed_out,
-        }
-    }
-
-    /// Runs without the watchdog (for the benchmark: no polling noise).
-    pub fn run_plain(&self, bin: &Path, stdin: &str) -> (ExitStatus, Vec<u8>) {
-        let mut child = self.spawn(bin, stdin);
-        let mut out = Vec::new();
-        child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
-        let mut err = Vec::new();
-        child.stderr.take().unwrap().read_to_end(&mut err).unwrap();
-        let st = child.wait().unwrap();
-        if !st.success() {
-            eprintln!("{} failed: {} {}", self.command, String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
-        }
-        (st, out)
-    }
-}
-
-/// What one plugin run produced.
-#[derive(Debug)]
-pub struct Outcome {
-    pub call: Call,
-    pub status: ExitStatus,
-    pub stdout: String,
-    pub stderr: String,
-    pub elapsed: Duration,
-    pub timed_out: bool,
-}
-
-impl Outcome {
-    pub fn ok(&self) -> bool {
-        self.status.success() && !self.timed_out
-    }
-    /// Panics (with everything needed to reproduce) unless the call succeeded.
-    pub fn expect_ok(&self, what: &str) -> &Self {
-        assert!(self.ok(), "{what} failed: {}", self.describe());
-        self
-    }
-    pub fn describe(&self) -> String {
-        format!(
-            "CNI_COMMAND={} CNI_CONTAINERID={} CNI_IFNAME={} CNI_ARGS={:?} -> exit {:?}{} after {:?}\nstdout: {}\nstderr: {}",
-            self.call.command,
-            self.call.container_id,
-            self.call.ifname,
-            self.call.cni_args,
-            self.status.code(),
-            if self.timed_out { " (TIMED OUT, killed)" } else { "" },
-            self.elapsed,
-            self.stdout.trim(),
-            self.stderr.trim()
-        )
-    }
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.describe()))
-    }
-    /// `ips[].address` of a CNI result, in order.
-    pub fn ips(&self) -> Vec<String> {
-        result_ips(&self.json())
-    }
-    /// A failed call must print a CNI error object (`code`, `msg`) on stdout.
-    pub fn expect_cni_error(&self, what: &str) -> Value {
-        assert!(!self.status.success(), "{what}: expected failure, got success: {}", self.describe());
-        assert!(!self.timed_out, "{what}: timed out: {}", self.describe());
-        let v: Value = serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{what}: error output is not a CNI error JSON ({e}): {}", self.describe()));
-        assert!(
-            v.get("code").and_then(Value::as_u64).is_some() && v.get("msg").and_then(Value::as_str).is_some(),
-            "{what}: error JSON lacks code/msg: {}",
-            self.describe()
-        );
-        v
-    }
 }
 
 /// `ips[].address` (with prefix) of a CNI 0.3+ result.

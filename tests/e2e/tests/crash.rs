@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use thereabouts_e2e::*;
 
 fn knob(name: &str, default: usize) -> usize {
@@ -33,26 +33,10 @@ enum Fate {
     Killed,
 }
 
-/// Spawns the call, lets it run `delay`, then SIGKILLs it if it is still running.
+/// Runs the call and SIGKILLs it if it is still running after `delay`.
 fn run_and_maybe_kill(bin: &Path, call: &Call, conf: &str, delay: Duration) -> Fate {
-    let start = Instant::now();
-    let mut child = call.spawn(bin, conf);
-    std::thread::sleep(delay);
-    match child.try_wait().expect("try_wait") {
-        Some(status) => {
-            let mut so = String::new();
-            let mut se = String::new();
-            use std::io::Read;
-            let _ = child.stdout.take().unwrap().read_to_string(&mut so);
-            let _ = child.stderr.take().unwrap().read_to_string(&mut se);
-            Fate::Done(Box::new(Outcome { call: call.clone(), status, stdout: so, stderr: se, elapsed: start.elapsed(), timed_out: false }))
-        }
-        None => {
-            child.kill().expect("SIGKILL"); // std's Child::kill is SIGKILL on Unix
-            let _ = child.wait();
-            Fate::Killed
-        }
-    }
+    let outcome = Invocation::new(call.clone(), conf).watchdog(delay).run(bin);
+    if outcome.timed_out { Fate::Killed } else { Fate::Done(Box::new(outcome)) }
 }
 
 struct World {

@@ -6,10 +6,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use thereabouts_e2e::Outcome;
+use thereabouts_e2e::{Invocation, Outcome};
 
-use crate::burst::{Invocation, LogStats, RequestCounts, children_cpu, failure_summary, log_path, percentile, run_concurrently, run_one};
+use crate::apiserver_metrics::RequestCounts;
+use crate::burst::{Network, run_concurrently};
 use crate::etcd::GrpcCounts;
+use crate::log_stats::LogStats;
+use crate::report::{failure_summary, percentile};
 
 /// A server's request counters, scraped before and after a phase.
 pub trait Counts: Clone + Default {
@@ -50,14 +53,12 @@ pub struct Phase<C> {
     pub server_cpu: Duration,
 }
 
-/// How a bench runs a phase: its plugin binary, watchdog, log directory, and
-/// how it reads the server's counters and CPU time.
+/// How a bench runs a phase: its plugin binary, the network whose calls keep
+/// their debug logs, and how it reads the server's counters and CPU time.
 pub struct Runner<'a, C> {
     pub bin: &'a Path,
-    pub watchdog: Duration,
-    /// Where each call's debug log is (`burst::log_path(logs, "<command>-<cid>")`).
-    pub logs: &'a Path,
-    /// The counters now; the argument labels the moment ("before <phase>").
+    pub net: &'a Network,
+    /// The counters now; the argument labels the moment (`"before <phase>"`).
     pub scrape: &'a dyn Fn(&str) -> Option<C>,
     pub server_cpu: &'a dyn Fn() -> Duration,
 }
@@ -69,21 +70,14 @@ impl<C: Counts> Runner<'_, C> {
         let before = (self.scrape)(&format!("before {name}"));
         let (plugin_cpu0, server_cpu0) = (children_cpu(), (self.server_cpu)());
         let started = Instant::now();
-        let outcomes = if concurrent {
-            run_concurrently(self.bin, invocations, self.watchdog, None)
-        } else {
-            invocations.iter().map(|i| run_one(self.bin, i, self.watchdog)).collect()
-        };
+        let outcomes = if concurrent { run_concurrently(self.bin, invocations, None) } else { invocations.iter().map(|i| i.run(self.bin)).collect() };
         let wall = started.elapsed();
         let (plugin_cpu, server_cpu) = (children_cpu() - plugin_cpu0, (self.server_cpu)() - server_cpu0);
         let requests = match (before, (self.scrape)(&format!("after {name}"))) {
             (Some(b), Some(a)) => Some(a.since(&b)),
             _ => None,
         };
-        let mut logs = LogStats::default();
-        for o in &outcomes {
-            logs.add(&LogStats::read(&log_path(self.logs, &format!("{}-{}", command.to_lowercase(), o.call.container_id))));
-        }
+        let logs = self.net.log_stats(command, &outcomes);
         let groups = failure_summary(&outcomes);
         for (n, m) in &groups {
             eprintln!("bench: {name}: {n} failed with: {m}");
@@ -134,4 +128,30 @@ impl<C: Counts> Phase<C> {
             server_cpu: phases.iter().map(|p| p.server_cpu).sum(),
         }
     }
+}
+
+/// CPU time (user + system) of this process's children that have been reaped:
+/// the plugin processes a phase ran, when read before and after it.
+pub fn children_cpu() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// CPU time (user + system) a running process has used so far (`/proc/<pid>/stat`).
+pub fn process_cpu(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    // Fields after the command (which may hold spaces) : state is field 3,
+    // utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let total = ticks(11) + ticks(12);
+    Duration::from_micros(total * 1_000_000 / hz)
 }

@@ -19,7 +19,7 @@ use anyhow::{Context, Result, bail};
 use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Permission, TlsOptions};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 
-use crate::burst::{PoolEntry, entries_by_address};
+use crate::held::{PoolEntry, entries_by_address};
 use crate::process::{Proc, Spawner};
 use crate::{DirGuard, binaries, block_on, free_ports, http_get_plain, lock, make_temp_dir, random_token, sweep_orphans, write_private};
 

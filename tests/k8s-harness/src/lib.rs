@@ -17,6 +17,17 @@
 //! kills the control plane (parent-death signal) and the next [`Cluster::start`]
 //! removes the orphaned temp dir.
 //!
+//! [`Cluster::prepared`] is a control plane as `deploy/` sets one up (CRDs, RBAC,
+//! flow control), [`Cluster::shared`] one that the tests of a test binary share.
+//! Beside it, for the tests that run the plugin on it (each module one job):
+//! [`plugin`] (network configs, the admin's blocking view of the objects),
+//! [`whereabouts`] (a whereabouts v0.9.4 peer writing the same objects),
+//! [`held`] (what a datastore holds against the CNI results), [`addresses`]
+//! (range math and whereabouts' names), [`burst`] (many calls at once, a burst
+//! through an outage), [`report`] (failures grouped, summaries), [`etcd`] (etcd
+//! alone), and for the benchmarks [`bench`](mod@bench), [`apiserver_metrics`] and
+//! [`log_stats`]. One CNI call is run by `thereabouts_e2e::Invocation::run`.
+//!
 //! ```no_run
 //! # async fn t() -> anyhow::Result<()> {
 //! let cluster = thereabouts_k8s_harness::Cluster::start()?;   // blocking, ~10-30 s
@@ -26,19 +37,25 @@
 //! # Ok(()) }
 //! ```
 
+pub mod addresses;
+pub mod apiserver_metrics;
 mod apply;
 pub mod bench;
 mod bins;
 pub mod burst;
 pub mod etcd;
+pub mod held;
+pub mod log_stats;
 pub mod plugin;
 mod process;
+pub mod report;
+pub mod whereabouts;
 
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -110,6 +127,53 @@ impl Cluster {
             }
         }
         Err(last.unwrap())
+    }
+
+    /// A control plane set up as `deploy/` sets one up: the CRDs, the RBAC and
+    /// the flow control, and the apiserver serving IPPool and reservation lists
+    /// (the plugin reads pools as LISTs, which the apiserver answers 429 until its
+    /// watch cache is ready). Blocking; not from inside an async test.
+    pub fn prepared() -> Result<Cluster> {
+        Self::prepared_with(true)
+    }
+
+    /// [`Cluster::prepared`], with `deploy/flowcontrol.yaml` only when `flowcontrol`
+    /// (`bench_k8s_burst --without-flowcontrol` measures the apiserver without it).
+    pub fn prepared_with(flowcontrol: bool) -> Result<Cluster> {
+        let cluster = Cluster::start()?;
+        block_on(async {
+            cluster.install_crds().await.context("installing deploy/crds")?;
+            cluster.install_rbac().await.context("installing deploy/rbac.yaml")?;
+            if flowcontrol {
+                cluster.install_flowcontrol().await.context("installing deploy/flowcontrol.yaml")?;
+            }
+            anyhow::Ok(())
+        })?;
+        let objects = plugin::Objects::admin(&cluster)?;
+        let ready = Instant::now() + Duration::from_secs(30);
+        while objects.list(plugin::IPPOOLS).is_err() || objects.list(plugin::RESERVATIONS).is_err() {
+            if Instant::now() > ready {
+                bail!("the apiserver never served IPPool and reservation lists");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(cluster)
+    }
+
+    /// The [`Cluster::prepared`] control plane the tests of one test binary
+    /// share: started by the first test that asks, torn down when the last test
+    /// holding it ends (a later test starts a new one), so nothing outlives the
+    /// test process. Each test keeps to its own ranges (and namespace, where it
+    /// changes RBAC), so their objects never meet.
+    pub fn shared() -> Result<Arc<Cluster>> {
+        static SHARED: Mutex<Weak<Cluster>> = Mutex::new(Weak::new());
+        let mut slot = lock(&SHARED);
+        if let Some(cluster) = slot.upgrade() {
+            return Ok(cluster);
+        }
+        let cluster = Arc::new(Self::prepared()?);
+        *slot = Arc::downgrade(&cluster);
+        Ok(cluster)
     }
 
     fn try_start(bins: &Binaries) -> Result<Cluster> {

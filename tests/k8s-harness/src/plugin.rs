@@ -6,8 +6,7 @@
 //! * [`Objects`]: a blocking view of the whereabouts objects as the admin sees
 //!   them, raw JSON as served (for wire-format comparisons), plus create/delete;
 //! * [`kubeconfig_variant`]: a copy of a harness kubeconfig with edits (another
-//!   namespace, a wrong token, ...);
-//! * [`api_requests`]: the API requests a plugin run logged (`log_level: debug`).
+//!   namespace, a wrong token, ...).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -35,26 +34,6 @@ pub fn kubernetes_conf(name: &str, kubeconfig: &Path, network_name: Option<&str>
         ipam["network_name"] = json!(n);
     }
     json!({"cniVersion": "1.1.0", "name": name, "type": "thab-k8s", "ipam": ipam})
-}
-
-/// Sets `log_file` and `log_level: debug` (every API request is logged).
-pub fn with_debug_log(mut conf: Value, log: &Path) -> Value {
-    conf["ipam"]["log_file"] = json!(log.to_str().expect("utf-8 path"));
-    conf["ipam"]["log_level"] = json!("debug");
-    conf
-}
-
-/// The API requests logged in `log` (`"GET /apis/... -> ok"`), in order.
-pub fn api_requests(log: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.split_once("kubernetes API request #").map(|(_, rest)| rest))
-        .map(|rest| {
-            let rest = rest.split_once(": ").map_or(rest, |(_, r)| r);
-            // Drop the timing: "... -> ok in 3 ms".
-            rest.rsplit_once(" in ").map_or(rest, |(r, _)| r).to_string()
-        })
-        .collect()
 }
 
 /// Writes a copy of the kubeconfig `source` to `dest` after `edit` changed it
@@ -169,11 +148,15 @@ impl Objects {
     /// Sends a JSON patch (RFC 6902) as the admin: the object written, or the
     /// API's refusal code (422 when a `test` failed, 404, ...).
     pub fn json_patch(&self, plural: &str, name: &str, ops: &Value) -> Result<std::result::Result<Value, u16>> {
-        let request = http::Request::builder()
-            .method(http::Method::PATCH)
-            .uri(self.path(plural, Some(name)))
-            .header("content-type", "application/json-patch+json")
-            .body(serde_json::to_vec(ops)?)?;
+        self.request(http::Method::PATCH, plural, Some(name), "application/json-patch+json", ops)
+    }
+
+    /// Sends `body` (of `content_type`) to one object, or without `name` to the
+    /// collection, as the admin: the answer's JSON, or the API's refusal code
+    /// (404, 409, 422, ...).
+    pub fn request(&self, method: http::Method, plural: &str, name: Option<&str>, content_type: &str, body: &Value) -> Result<std::result::Result<Value, u16>> {
+        let request =
+            http::Request::builder().method(method).uri(self.path(plural, name)).header("content-type", content_type).body(serde_json::to_vec(body)?)?;
         match self.runtime.block_on(self.client.request_text(request)) {
             Ok(text) => Ok(Ok(serde_json::from_str(&text)?)),
             Err(kube::Error::Api(s)) => Ok(Err(s.code)),

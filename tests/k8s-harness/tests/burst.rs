@@ -5,7 +5,7 @@
 //!
 //! * a burst of 200 concurrent dual-stack ADDs, then 200 concurrent DELs;
 //! * the apiserver killed in the middle of a burst of ADDs with a short deadline;
-//! * ADDs and DELs while a whereabouts-style writer keeps changing the same pool.
+//! * ADDs and DELs while a whereabouts v0.9.4 peer keeps changing the same pool.
 //!
 //! Each call gets a generous deadline where the test checks correctness, not
 //! speed (the `bench_k8s_burst` binary measures speed). Each test has a private
@@ -15,83 +15,30 @@
 //!
 //! Binary: `$THEREABOUTS_BIN`, else `target/plugin/thereabouts` (tests/k8s.sh builds it with scripts/build-plugin.sh).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
-use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, check_held, expect_all_ok, log_path, pod_name, pods, pool_entries, reservation_name, reservations_in, run_concurrently, run_one,
-    run_through_outage, summary,
-};
-use thereabouts_k8s_harness::plugin::{GROUP_VERSION, IPPOOLS, Objects, RESERVATIONS, kubernetes_conf, with_debug_log};
-use thereabouts_k8s_harness::{Cluster, NAMESPACE};
+use thereabouts_e2e::{Outcome, add_offset, range_network, thereabouts_bin};
+use thereabouts_k8s_harness::Cluster;
+use thereabouts_k8s_harness::addresses::reservation_name;
+use thereabouts_k8s_harness::burst::{Network, pods, pods_of, run_concurrently, run_through_outage};
+use thereabouts_k8s_harness::held::{check_held, pool_entries, reservations_in};
+use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
+use thereabouts_k8s_harness::report::{expect_all_ok, summary};
+use thereabouts_k8s_harness::whereabouts::Churn;
 
 /// The plugin's budget where the tests check correctness, not speed.
 const GENEROUS: Duration = Duration::from_secs(120);
-/// The harness kills a call that runs this long (a hang).
-const WATCHDOG: Duration = Duration::from_secs(180);
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-}
 
 /// Held by each test for its whole run: one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn prepared_cluster() -> Cluster {
-    let cluster = Cluster::start().expect("starting etcd + kube-apiserver");
-    block_on(async {
-        cluster.install_crds().await.expect("installing deploy/crds");
-        cluster.install_rbac().await.expect("installing deploy/rbac.yaml");
-        cluster.install_flowcontrol().await.expect("installing deploy/flowcontrol.yaml");
-    });
-    cluster
-}
-
-/// Dual-stack config for `ranges` with the plugin identity; each call logs to
-/// its own file under `logs` (debug: every API request, every re-plan).
-struct Network {
-    conf: Value,
-    ranges: Vec<&'static str>,
-    logs: TempDir,
-}
-
-impl Network {
-    fn new(cluster: &Cluster, name: &str, ranges: &[&'static str]) -> Network {
-        Network { conf: kubernetes_conf(name, &cluster.plugin_kubeconfig(), None, ranges), ranges: ranges.to_vec(), logs: TempDir::new(name) }
-    }
-
-    fn stdin(&self, tag: &str) -> String {
-        with_debug_log(self.conf.clone(), &log_path(self.logs.path(), tag)).to_string()
-    }
-
-    fn invocation(&self, command: &str, cid: &str, pod: &str, budget: Duration) -> Invocation {
-        let tag = format!("{}-{cid}", command.to_lowercase());
-        Invocation::new(Call::pod(command, cid, pod), self.stdin(&tag)).budget(budget)
-    }
-
-    /// ADDs (or DELs) for `pods` = (container ID, pod name).
-    fn calls(&self, command: &str, pods: &[(String, String)], budget: Duration) -> Vec<Invocation> {
-        pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod, budget)).collect()
-    }
-
-    fn log_stats(&self, command: &str, outcomes: &[Outcome]) -> LogStats {
-        let mut total = LogStats::default();
-        for o in outcomes {
-            let tag = format!("{}-{}", command.to_lowercase(), o.call.container_id);
-            total.add(&LogStats::read(&log_path(self.logs.path(), &tag)));
-        }
-        total
-    }
-
-    /// IPPool names, in range order (the engine's naming: `192.0.2.0/24` → `192.0.2.0-24`).
-    fn pools(&self) -> Vec<(String, &'static str)> {
-        self.ranges.iter().map(|r| (r.replace([':', '/'], "-"), *r)).collect()
-    }
+fn network(cluster: &Cluster, name: &str, ranges: &[&'static str]) -> Network {
+    Network::new(kubernetes_conf(name, &cluster.plugin_kubeconfig(), None, ranges), ranges, name)
 }
 
 /// [`check_held`] against the IPPools and reservations as the admin reads them.
@@ -110,14 +57,14 @@ fn check_results(net: &Network, objects: &Objects, outcomes: &[&Outcome]) -> Vec
 fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     const PODS: usize = 200;
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = prepared_cluster();
+    let cluster = Cluster::prepared().expect("starting a prepared control plane");
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(&cluster, "k8s-burst200", &["192.0.2.0/24", "2001:db8:80::/64"]);
+    let net = network(&cluster, "k8s-burst200", &["192.0.2.0/24", "2001:db8:80::/64"]);
     let pods = pods("burst", PODS);
 
     let started = Instant::now();
-    let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), WATCHDOG, None);
+    let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), None);
     let wall = started.elapsed();
     eprintln!("{}", summary("burst ADD", &adds, wall, &net.log_stats("ADD", &adds), "API"));
     expect_all_ok(&adds, "concurrent ADD");
@@ -132,7 +79,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     assert_eq!(reservations_in(&objects, &net.ranges).unwrap().len(), 2 * PODS, "one reservation per address");
 
     let started = Instant::now();
-    let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), WATCHDOG, None);
+    let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), None);
     let wall = started.elapsed();
     eprintln!("{}", summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels), "API"));
     expect_all_ok(&dels, "concurrent DEL");
@@ -166,16 +113,16 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
     const KILL_AFTER: usize = 10;
     const KILL_AT: Duration = Duration::from_secs(4);
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = prepared_cluster();
+    let cluster = Cluster::prepared().expect("starting a prepared control plane");
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(&cluster, "k8s-fault", &["198.51.100.0/24", "2001:db8:81::/64"]);
+    let net = network(&cluster, "k8s-fault", &["198.51.100.0/24", "2001:db8:81::/64"]);
     // The pools exist before the burst, as in a running cluster.
-    let warm = run_one(&bin, &net.invocation("ADD", "cid-warm", "warm", GENEROUS), WATCHDOG);
+    let warm = net.invocation("ADD", "cid-warm", "warm", GENEROUS).run(&bin);
     warm.expect_ok("ADD before the burst");
 
     let pods = pods("fault", PODS);
-    let outage = run_through_outage(&bin, &net.calls("ADD", &pods, DEADLINE), WATCHDOG, KILL_AFTER, KILL_AT, || cluster.stop_apiserver());
+    let outage = run_through_outage(&bin, &net.calls("ADD", &pods, DEADLINE), KILL_AFTER, KILL_AT, || cluster.stop_apiserver());
     let adds = &outage.outcomes;
     let line = summary("ADD during the outage", adds, outage.wall, &net.log_stats("ADD", adds), "API");
     let ok = outage.check("apiserver killed", line, DEADLINE, SLACK);
@@ -189,7 +136,7 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
     // Anything else belongs to a failed pod (a commit whose answer was lost).
     let succeeded: BTreeSet<&str> = holders.iter().map(|o| o.call.container_id.as_str()).collect();
     let failed_cids: BTreeSet<&str> = failed.iter().map(|o| o.call.container_id.as_str()).collect();
-    let failed_pods: BTreeSet<String> = failed.iter().map(|o| format!("default/{}", pod_name(&o.call))).collect();
+    let failed_pods: BTreeSet<String> = failed.iter().map(|o| format!("default/{}", o.call.pod_name())).collect();
     let mut in_doubt = 0;
     for (pool, range) in net.pools() {
         for e in pool_entries(&objects, &pool, range).unwrap().values() {
@@ -208,8 +155,7 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
     eprintln!("after the restart: {in_doubt} pool entries and {} reservations of failed ADDs (written, answer lost or cleanup cut off)", orphaned.len());
 
     // The runtime's DEL for each failed ADD removes whatever it left.
-    let failed_pods_list: Vec<(String, String)> = failed.iter().map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string())).collect();
-    let dels = run_concurrently(&bin, &net.calls("DEL", &failed_pods_list, GENEROUS), WATCHDOG, None);
+    let dels = run_concurrently(&bin, &net.calls("DEL", &pods_of(&failed), GENEROUS), None);
     expect_all_ok(&dels, "DEL of a failed ADD");
     for (pool, range) in net.pools() {
         let entries = pool_entries(&objects, &pool, range).unwrap();
@@ -226,204 +172,13 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
     check_results(&net, &objects, &holders);
 
     // And the cluster carries on: the successful pods are released too.
-    let holder_pods: Vec<(String, String)> = holders.iter().map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string())).collect();
-    let dels = run_concurrently(&bin, &net.calls("DEL", &holder_pods, GENEROUS), WATCHDOG, None);
+    let dels = run_concurrently(&bin, &net.calls("DEL", &pods_of(&holders), GENEROUS), None);
     expect_all_ok(&dels, "DEL after the outage");
     for (pool, _) in net.pools() {
         assert!(objects.allocations(&pool).unwrap().is_empty(), "{pool}");
     }
     let left = reservations_in(&objects, &net.ranges).unwrap();
     assert!(left.is_empty(), "{left:?}");
-}
-
-/// A whereabouts v0.9.4 client on the same IPPool, as a separate thread with the
-/// admin identity, every ~50 ms: it adds an entry at the lowest free offset the
-/// way whereabouts does (JSON patch: `test` of the `resourceVersion` read and of
-/// the entry's absence, `add`; then the reservation), or removes its oldest entry
-/// with a PUT of the object read (the `resourceVersion` precondition: 409 when it
-/// moved) and deletes its reservation. Conflicts are retried at the next tick.
-/// Before each write it checks that every entry it holds is still there, its own.
-struct Whereabouts {
-    runtime: tokio::runtime::Runtime,
-    client: kube::Client,
-    pool: String,
-    range: &'static str,
-    /// Entries that stay (pods of the other plugin that live through the test).
-    sticky: Vec<(u128, String)>,
-    /// Entries added and removed again, oldest first, with their reservation's uid.
-    churn: VecDeque<(u128, String, Option<String>)>,
-    next_pod: usize,
-    stats: WhereaboutsStats,
-}
-
-#[derive(Debug, Default)]
-struct WhereaboutsStats {
-    adds: usize,
-    removes: usize,
-    conflicts: usize,
-    /// Reservations it could not create (someone held the address's ORIP).
-    reservations_lost: usize,
-    /// Entries of its own found changed or gone: must stay empty.
-    violations: Vec<String>,
-}
-
-impl Whereabouts {
-    const STICKY: [u128; 3] = [3, 7, 11];
-    const MAX_CHURN: usize = 3;
-
-    fn start(cluster: &Cluster, pool: &str, range: &'static str) -> Whereabouts {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let client = runtime.block_on(cluster.admin_client()).unwrap();
-        let mut w = Whereabouts {
-            runtime,
-            client,
-            pool: pool.to_string(),
-            range,
-            sticky: Vec::new(),
-            churn: VecDeque::new(),
-            next_pod: 0,
-            stats: WhereaboutsStats::default(),
-        };
-        // whereabouts creates a missing pool with an empty allocation map.
-        let mut allocations = serde_json::Map::new();
-        for offset in Self::STICKY {
-            let id = format!("wb-sticky-{offset}");
-            allocations.insert(offset.to_string(), json!({"id": id, "podref": format!("other/{id}"), "ifname": "net1"}));
-            w.sticky.push((offset, id));
-        }
-        let body = json!({"apiVersion": GROUP_VERSION, "kind": "IPPool", "metadata": {"name": pool},
-            "spec": {"range": range, "allocations": allocations}});
-        w.send(http::Method::POST, &w.path(IPPOOLS, None), "application/json", &body).expect("creating the IPPool");
-        for (offset, id) in w.sticky.clone() {
-            let ip = w.address(offset);
-            w.reserve(&ip, &id).expect("reserving a sticky entry");
-        }
-        w
-    }
-
-    fn path(&self, plural: &str, name: Option<&str>) -> String {
-        let base = format!("/apis/{GROUP_VERSION}/namespaces/{NAMESPACE}/{plural}");
-        name.map_or(base.clone(), |n| format!("{base}/{n}"))
-    }
-
-    fn address(&self, offset: u128) -> IpAddr {
-        let (net, _) = thereabouts_e2e::range_network(self.range);
-        thereabouts_e2e::add_offset(net, offset)
-    }
-
-    /// The answer's JSON, or the HTTP code of an API failure.
-    fn send(&self, method: http::Method, path: &str, content_type: &str, body: &Value) -> Result<Value, u16> {
-        let request = http::Request::builder().method(method).uri(path).header("content-type", content_type).body(serde_json::to_vec(body).unwrap()).unwrap();
-        match self.runtime.block_on(self.client.request_text(request)) {
-            Ok(text) => Ok(serde_json::from_str(&text).unwrap_or(Value::Null)),
-            Err(kube::Error::Api(s)) => Err(s.code),
-            Err(e) => panic!("whereabouts writer: {e}"),
-        }
-    }
-
-    fn get(&self, path: &str) -> Result<Value, u16> {
-        let request = http::Request::get(path).body(Vec::new()).unwrap();
-        match self.runtime.block_on(self.client.request_text(request)) {
-            Ok(text) => Ok(serde_json::from_str(&text).unwrap()),
-            Err(kube::Error::Api(s)) => Err(s.code),
-            Err(e) => panic!("whereabouts writer: {e}"),
-        }
-    }
-
-    /// Creates the ORIP of `ip` for pod `other/<id>`; its uid, or the HTTP code.
-    fn reserve(&self, ip: &IpAddr, id: &str) -> Result<String, u16> {
-        let body = json!({"apiVersion": GROUP_VERSION, "kind": "OverlappingRangeIPReservation",
-            "metadata": {"name": reservation_name(*ip)},
-            "spec": {"podref": format!("other/{id}"), "ifname": "net1", "containerid": id}});
-        self.send(http::Method::POST, &self.path(RESERVATIONS, None), "application/json", &body)
-            .map(|o| o["metadata"]["uid"].as_str().unwrap_or_default().to_string())
-    }
-
-    fn held(&self) -> Vec<(u128, String)> {
-        self.sticky.iter().cloned().chain(self.churn.iter().map(|(o, id, _)| (*o, id.clone()))).collect()
-    }
-
-    /// One step: check, then add or remove one entry.
-    fn tick(&mut self, tick: usize) {
-        let pool = self.get(&self.path(IPPOOLS, Some(&self.pool))).expect("reading the IPPool");
-        let rv = pool["metadata"]["resourceVersion"].as_str().unwrap().to_string();
-        let allocations = pool["spec"]["allocations"].as_object().cloned().unwrap_or_default();
-        for (offset, id) in self.held() {
-            let found = allocations.get(&offset.to_string()).map(|e| e["id"].clone());
-            if found != Some(json!(id)) {
-                self.stats.violations.push(format!("entry {offset} of {id} is now {found:?} (resourceVersion {rv})"));
-            }
-        }
-        let add = self.churn.is_empty() || (self.churn.len() < Self::MAX_CHURN && tick.is_multiple_of(2));
-        if add {
-            // Lowest free offset whose address nobody has reserved (whereabouts
-            // reads the ORIP of a candidate and skips it when held).
-            let (_, len) = thereabouts_e2e::range_network(self.range);
-            let last = (1u128 << (if self.address(0).is_ipv4() { 32 } else { 128 } - len as u32)) - 2;
-            let Some(offset) = (1..=last).find(|o| {
-                !allocations.contains_key(&o.to_string()) && self.get(&self.path(RESERVATIONS, Some(&reservation_name(self.address(*o))))) == Err(404)
-            }) else {
-                return;
-            };
-            let id = format!("wb-churn-{}", self.next_pod);
-            let key = format!("/spec/allocations/{offset}");
-            let patch = json!([
-                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-                {"op": "test", "path": key, "value": null},
-                {"op": "add", "path": key, "value": {"id": id, "podref": format!("other/{id}"), "ifname": "net1"}},
-            ]);
-            match self.send(http::Method::PATCH, &self.path(IPPOOLS, Some(&self.pool)), "application/json-patch+json", &patch) {
-                Ok(_) => {
-                    self.next_pod += 1;
-                    self.stats.adds += 1;
-                    let uid = match self.reserve(&self.address(offset), &id) {
-                        Ok(uid) => Some(uid),
-                        Err(409) => {
-                            self.stats.reservations_lost += 1;
-                            None
-                        }
-                        Err(code) => panic!("whereabouts writer: reserving {offset}: {code}"),
-                    };
-                    self.churn.push_back((offset, id, uid));
-                }
-                Err(422) => self.stats.conflicts += 1,
-                Err(code) => panic!("whereabouts writer: PATCH answered {code}"),
-            }
-        } else {
-            let (offset, _, uid) = self.churn.front().cloned().unwrap();
-            let mut replaced = pool.clone();
-            replaced["spec"]["allocations"].as_object_mut().unwrap().remove(&offset.to_string());
-            match self.send(http::Method::PUT, &self.path(IPPOOLS, Some(&self.pool)), "application/json", &replaced) {
-                Ok(_) => {
-                    self.churn.pop_front();
-                    self.stats.removes += 1;
-                    if let Some(uid) = uid {
-                        let name = reservation_name(self.address(offset));
-                        let options = json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}});
-                        match self.send(http::Method::DELETE, &self.path(RESERVATIONS, Some(&name)), "application/json", &options) {
-                            Ok(_) | Err(404) => {}
-                            Err(code) => {
-                                panic!("whereabouts writer: deleting reservation {name}: {code}")
-                            }
-                        }
-                    }
-                }
-                Err(409) => self.stats.conflicts += 1,
-                Err(code) => panic!("whereabouts writer: PUT answered {code}"),
-            }
-        }
-    }
-
-    /// Runs [`tick`](Self::tick) every ~50 ms until `stop`.
-    fn run(mut self, stop: &AtomicBool) -> Whereabouts {
-        let mut tick = 0;
-        while !stop.load(Ordering::SeqCst) {
-            self.tick(tick);
-            tick += 1;
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self
-    }
 }
 
 struct StopOnDrop<'a>(&'a AtomicBool);
@@ -434,8 +189,8 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
-/// Concurrent ADDs, then concurrent DELs, while a whereabouts client keeps
-/// adding and removing its own entries in the same IPv4 pool (and holds three
+/// Concurrent ADDs, then concurrent DELs, while a whereabouts peer ([`Churn`])
+/// keeps adding and removing its own entries in the same IPv4 pool (and holds three
 /// for good): no address is handed out twice, the plugin never touches the
 /// other writer's entries or reservations (nor the other writer the plugin's),
 /// and the DELs leave exactly the other writer's entries.
@@ -443,31 +198,30 @@ impl Drop for StopOnDrop<'_> {
 fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
     const PODS: usize = 40;
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = prepared_cluster();
+    let cluster = Cluster::prepared().expect("starting a prepared control plane");
     let objects = Objects::admin(&cluster).unwrap();
     let bin = thereabouts_bin();
-    let net = Network::new(&cluster, "k8s-mixed", &["203.0.113.0/24", "2001:db8:82::/64"]);
+    let net = network(&cluster, "k8s-mixed", &["203.0.113.0/24", "2001:db8:82::/64"]);
     let (v4_pool, v4_range) = net.pools()[0].clone();
     let pods = pods("mixed", PODS);
 
-    let writer = Whereabouts::start(&cluster, &v4_pool, v4_range);
+    let writer = Churn::start(&cluster, &v4_pool, v4_range).expect("starting the whereabouts peer");
     let stop = AtomicBool::new(false);
     let (adds, dels, walls, writer) = std::thread::scope(|scope| {
         let background = scope.spawn(|| writer.run(&stop));
         // Stops the writer also when an assertion below fails (the scope waits for it).
         let _stop = StopOnDrop(&stop);
         let started = Instant::now();
-        let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), WATCHDOG, None);
+        let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), None);
         let add_wall = started.elapsed();
         // While the other writer goes on: the plugin's entries as the results say.
         expect_all_ok(&adds, "ADD beside a whereabouts writer");
         let all: Vec<&Outcome> = adds.iter().collect();
         let held = check_results(&net, &objects, &all);
-        let foreign: BTreeSet<IpAddr> =
-            Whereabouts::STICKY.iter().map(|o| thereabouts_e2e::add_offset(thereabouts_e2e::range_network(v4_range).0, *o)).collect();
+        let foreign: BTreeSet<IpAddr> = Churn::STICKY.iter().map(|o| add_offset(range_network(v4_range).0, *o)).collect();
         assert!(held[0].keys().all(|a| !foreign.contains(a)), "the plugin handed out a held address");
         let started = Instant::now();
-        let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), WATCHDOG, None);
+        let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), None);
         let del_wall = started.elapsed();
         stop.store(true, Ordering::SeqCst);
         (adds, dels, (add_wall, del_wall), background.join().unwrap())
@@ -500,7 +254,7 @@ fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
         let name = reservation_name(writer.address(*offset));
         assert_eq!(reservations.get(&name).map(|s| s["podref"].clone()), Some(json!(format!("other/{id}"))), "{name}");
     }
-    for (offset, id, uid) in &writer.churn {
+    for (offset, id, uid) in &writer.churned {
         if uid.is_some() {
             let name = reservation_name(writer.address(*offset));
             assert_eq!(reservations.get(&name).map(|s| s["podref"].clone()), Some(json!(format!("other/{id}"))), "{name}");

@@ -19,64 +19,35 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
-use thereabouts_k8s_harness::burst::{
-    Invocation, LogStats, PoolEntry, check_held, expect_all_ok, log_path, pod_name, pods, reservation_name, run_concurrently, run_one, run_through_outage,
-    summary,
-};
+use thereabouts_e2e::{Outcome, thereabouts_bin};
+use thereabouts_k8s_harness::addresses::reservation_name;
+use thereabouts_k8s_harness::burst::{Network, pods, pods_of, run_concurrently, run_through_outage};
 use thereabouts_k8s_harness::etcd::{Etcd, etcd_conf};
-use thereabouts_k8s_harness::plugin::with_debug_log;
+use thereabouts_k8s_harness::held::{PoolEntry, check_held};
+use thereabouts_k8s_harness::report::{expect_all_ok, summary};
 
 /// The datastore's default `etcd_prefix`.
 const PREFIX: &str = "/thereabouts/";
 /// The plugin's budget where the tests check correctness, not speed.
 const GENEROUS: Duration = Duration::from_secs(120);
-/// The harness kills a call that runs this long (a hang).
-const WATCHDOG: Duration = Duration::from_secs(180);
 
 /// Held by each test for its whole run: one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// A dual-stack config for `ranges` on `etcd`; each call logs to its own file
-/// under `logs` (debug: every etcd request, every re-plan).
-struct Network<'a> {
+/// A burst's network on `etcd`, and what its keys hold as etcd's admin reads them.
+struct EtcdNetwork<'a> {
     etcd: &'a Etcd,
-    conf: Value,
-    ranges: Vec<&'static str>,
-    logs: TempDir,
+    net: Network,
 }
 
-impl<'a> Network<'a> {
-    fn new(etcd: &'a Etcd, name: &str, ranges: &[&'static str]) -> Network<'a> {
-        Network { etcd, conf: etcd_conf(etcd.access(), name, ranges), ranges: ranges.to_vec(), logs: TempDir::new(name) }
-    }
-
-    fn invocation(&self, command: &str, cid: &str, pod: &str, budget: Duration) -> Invocation {
-        let log = log_path(self.logs.path(), &format!("{}-{cid}", command.to_lowercase()));
-        Invocation::new(Call::pod(command, cid, pod), with_debug_log(self.conf.clone(), &log).to_string()).budget(budget)
-    }
-
-    /// ADDs (or DELs) for `pods` = (container ID, pod name).
-    fn calls(&self, command: &str, pods: &[(String, String)], budget: Duration) -> Vec<Invocation> {
-        pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod, budget)).collect()
-    }
-
-    fn log_stats(&self, command: &str, outcomes: &[Outcome]) -> LogStats {
-        let mut total = LogStats::default();
-        for o in outcomes {
-            total.add(&LogStats::read(&log_path(self.logs.path(), &format!("{}-{}", command.to_lowercase(), o.call.container_id))));
-        }
-        total
-    }
-
-    /// Pool names, in range order (the engine's naming: `192.0.2.0/24` → `192.0.2.0-24`).
-    fn pools(&self) -> Vec<(String, &'static str)> {
-        self.ranges.iter().map(|r| (r.replace([':', '/'], "-"), *r)).collect()
+impl<'a> EtcdNetwork<'a> {
+    fn new(etcd: &'a Etcd, name: &str, ranges: &[&'static str]) -> EtcdNetwork<'a> {
+        EtcdNetwork { etcd, net: Network::new(etcd_conf(etcd.access(), name, ranges), ranges, name) }
     }
 
     /// The entries of each range's pool key, in range order.
     fn entries(&self) -> Vec<BTreeMap<IpAddr, PoolEntry>> {
-        self.pools().iter().map(|(pool, range)| self.etcd.pool_entries(PREFIX, pool, range).unwrap()).collect()
+        self.net.pools().iter().map(|(pool, range)| self.etcd.pool_entries(PREFIX, pool, range).unwrap()).collect()
     }
 
     /// Every reservation key under the prefix (these tests use no other ranges).
@@ -84,14 +55,14 @@ impl<'a> Network<'a> {
         self.etcd.reservations(PREFIX).unwrap()
     }
 
-    /// [`check_held`] against the pool and reservation keys as etcd's admin reads them.
+    /// [`check_held`] against the pool and reservation keys.
     fn check(&self, outcomes: &[&Outcome]) -> Vec<BTreeMap<IpAddr, String>> {
-        check_held(&self.ranges, outcomes, &self.entries(), &self.reservations())
+        check_held(&self.net.ranges, outcomes, &self.entries(), &self.reservations())
     }
 
     /// The pool keys exist and are empty, and no reservation key is left.
     fn check_empty(&self) {
-        for ((pool, _), entries) in self.pools().iter().zip(self.entries()) {
+        for ((pool, _), entries) in self.net.pools().iter().zip(self.entries()) {
             assert!(entries.is_empty(), "pool {pool} still holds {} entries: {entries:?}", entries.len());
             assert!(self.etcd.get(&format!("{PREFIX}pools/{pool}")).unwrap().is_some(), "pool key {pool} is gone");
         }
@@ -111,31 +82,31 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let etcd = Etcd::start_plain().expect("starting etcd");
     let bin = thereabouts_bin();
-    let net = Network::new(&etcd, "etcd-burst200", &["192.0.2.0/24", "2001:db8:90::/64"]);
-    let pods = pods("burst", PODS);
+    let en = EtcdNetwork::new(&etcd, "etcd-burst200", &["192.0.2.0/24", "2001:db8:90::/64"]);
+    let (net, pods) = (&en.net, pods("burst", PODS));
 
     let started = Instant::now();
-    let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), WATCHDOG, None);
+    let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), None);
     let wall = started.elapsed();
     eprintln!("{}", summary("burst ADD", &adds, wall, &net.log_stats("ADD", &adds), "etcd"));
     expect_all_ok(&adds, "concurrent ADD");
     let all: Vec<&Outcome> = adds.iter().collect();
-    let held = net.check(&all);
+    let held = en.check(&all);
     // Nothing else in the pools, and nothing but these reservations.
-    for (((pool, _), entries), seen) in net.pools().iter().zip(net.entries()).zip(&held) {
+    for (((pool, _), entries), seen) in net.pools().iter().zip(en.entries()).zip(&held) {
         assert_eq!(entries.len(), PODS, "pool {pool} holds {PODS} entries");
         assert_eq!(entries.keys().collect::<BTreeSet<_>>(), seen.keys().collect(), "{pool}");
     }
-    let reservations = net.reservations();
+    let reservations = en.reservations();
     let expected: BTreeSet<String> = held.iter().flat_map(|m| m.keys().map(|a| reservation_name(*a))).collect();
     assert_eq!(reservations.keys().cloned().collect::<BTreeSet<_>>(), expected, "one reservation key per address, no other");
 
     let started = Instant::now();
-    let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), WATCHDOG, None);
+    let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), None);
     let wall = started.elapsed();
     eprintln!("{}", summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels), "etcd"));
     expect_all_ok(&dels, "concurrent DEL");
-    net.check_empty();
+    en.check_empty();
 }
 
 /// etcd is killed (SIGKILL) while 100 ADDs with a 5 s deadline run, once some
@@ -159,13 +130,14 @@ fn etcd_killed_during_a_burst_leaves_no_partial_allocation() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let etcd = Etcd::start_plain().expect("starting etcd");
     let bin = thereabouts_bin();
-    let net = Network::new(&etcd, "etcd-fault", &["198.51.100.0/24", "2001:db8:91::/64"]);
+    let en = EtcdNetwork::new(&etcd, "etcd-fault", &["198.51.100.0/24", "2001:db8:91::/64"]);
     // The pools exist before the burst, as in a running cluster.
-    let warm = run_one(&bin, &net.invocation("ADD", "cid-warm", "warm", GENEROUS), WATCHDOG);
+    let net = &en.net;
+    let warm = net.invocation("ADD", "cid-warm", "warm", GENEROUS).run(&bin);
     warm.expect_ok("ADD before the burst");
 
     let pods = pods("fault", PODS);
-    let outage = run_through_outage(&bin, &net.calls("ADD", &pods, DEADLINE), WATCHDOG, KILL_AFTER, KILL_AT, || etcd.kill());
+    let outage = run_through_outage(&bin, &net.calls("ADD", &pods, DEADLINE), KILL_AFTER, KILL_AT, || etcd.kill());
     let adds = &outage.outcomes;
     let line = summary("ADD during the outage", adds, outage.wall, &net.log_stats("ADD", adds), "etcd");
     let ok = outage.check("etcd killed", line, DEADLINE, SLACK);
@@ -174,15 +146,15 @@ fn etcd_killed_during_a_burst_leaves_no_partial_allocation() {
     etcd.restart().expect("restarting etcd on the same data");
     let mut holders: Vec<&Outcome> = ok.clone();
     holders.push(&warm);
-    net.check(&holders);
+    en.check(&holders);
     // A failed pod holds all of its ADD (a transaction whose answer was lost)
     // or nothing: never one range without the other, never an entry without
     // its reservation key or a reservation key without its entry.
     let succeeded: BTreeSet<&str> = holders.iter().map(|o| o.call.container_id.as_str()).collect();
     let failed_cids: BTreeSet<&str> = failed.iter().map(|o| o.call.container_id.as_str()).collect();
-    let failed_pods: BTreeSet<String> = failed.iter().map(|o| format!("default/{}", pod_name(&o.call))).collect();
-    let entries = net.entries();
-    let reservations = net.reservations();
+    let failed_pods: BTreeSet<String> = failed.iter().map(|o| format!("default/{}", o.call.pod_name())).collect();
+    let entries = en.entries();
+    let reservations = en.reservations();
     let mut whole = 0;
     for cid in &failed_cids {
         let held: Vec<&PoolEntry> = entries.iter().flat_map(|m| m.values()).filter(|e| e.id == *cid).collect();
@@ -200,21 +172,19 @@ fn etcd_killed_during_a_burst_leaves_no_partial_allocation() {
     eprintln!("after the restart: {whole} failed ADDs had landed whole (answer lost), the others left nothing");
 
     // The runtime's DEL for each failed ADD removes whatever it left.
-    let failed_list: Vec<(String, String)> = failed.iter().map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string())).collect();
-    let dels = run_concurrently(&bin, &net.calls("DEL", &failed_list, GENEROUS), WATCHDOG, None);
+    let dels = run_concurrently(&bin, &net.calls("DEL", &pods_of(&failed), GENEROUS), None);
     expect_all_ok(&dels, "DEL of a failed ADD");
-    for ((pool, _), m) in net.pools().iter().zip(net.entries()) {
+    for ((pool, _), m) in net.pools().iter().zip(en.entries()) {
         let stale: Vec<_> = m.values().filter(|e| failed_cids.contains(e.id.as_str())).collect();
         assert!(stale.is_empty(), "pool {pool}: entries of failed ADDs after their DEL: {stale:?}");
         assert_eq!(m.len(), holders.len(), "pool {pool}: exactly the successful pods' entries");
     }
-    let stale: Vec<(String, Value)> = net.reservations().into_iter().filter(|(_, v)| failed_pods.contains(v["podref"].as_str().unwrap_or_default())).collect();
+    let stale: Vec<(String, Value)> = en.reservations().into_iter().filter(|(_, v)| failed_pods.contains(v["podref"].as_str().unwrap_or_default())).collect();
     assert!(stale.is_empty(), "reservation keys of failed ADDs after their DEL: {stale:?}");
-    net.check(&holders);
+    en.check(&holders);
 
     // And the datastore carries on: the successful pods are released too.
-    let holder_pods: Vec<(String, String)> = holders.iter().map(|o| (o.call.container_id.clone(), pod_name(&o.call).to_string())).collect();
-    let dels = run_concurrently(&bin, &net.calls("DEL", &holder_pods, GENEROUS), WATCHDOG, None);
+    let dels = run_concurrently(&bin, &net.calls("DEL", &pods_of(&holders), GENEROUS), None);
     expect_all_ok(&dels, "DEL after the outage");
-    net.check_empty();
+    en.check_empty();
 }

@@ -11,8 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
-use thereabouts_k8s_harness::burst::{Invocation, run_one};
+use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, thereabouts_bin};
+use thereabouts_k8s_harness::burst::run_concurrently;
 use thereabouts_k8s_harness::etcd::{self, Access, Etcd};
 
 const POOLS: &str = "/thereabouts/pools/";
@@ -27,7 +27,7 @@ fn etcd_conf(access: &Access, ranges: &[&str]) -> Value {
 /// outlives every budget these tests give it.
 fn run(call: &Call, stdin: &str, env: &[(&str, &str)]) -> Outcome {
     let invocation = env.iter().fold(Invocation::new(call.clone(), stdin), |i, (k, v)| i.env(k, v));
-    run_one(&thereabouts_bin(), &invocation, Duration::from_secs(180))
+    invocation.watchdog(Duration::from_secs(180)).run(&thereabouts_bin())
 }
 
 fn add(conf: &Value, cid: &str, pod: &str) -> Outcome {
@@ -269,19 +269,11 @@ fn concurrent_adds_conflict_retry_and_never_share_an_address() {
     let conf = etcd_conf(etcd.access(), &["192.0.2.0/27", "2001:db8:3::/64"]).to_string();
     // Twelve plugins at once on the same two pools: the losers of each
     // transaction read again and plan again.
-    let children: Vec<_> = (0..12)
-        .map(|i| {
-            let call = Call::pod("ADD", &format!("cid-{i}"), &format!("pod-{i}"));
-            let child = call.spawn(&thereabouts_bin(), &conf);
-            (call, child)
-        })
-        .collect();
+    let calls: Vec<Invocation> = (0..12).map(|i| Invocation::new(Call::pod("ADD", &format!("cid-{i}"), &format!("pod-{i}")), conf.clone())).collect();
     let mut v4 = std::collections::BTreeSet::new();
-    for (call, child) in children {
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{call:?}: {}", String::from_utf8_lossy(&out.stdout));
-        let result: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert!(v4.insert(result["ips"][0]["address"].as_str().unwrap().to_string()), "duplicate: {result}");
+    for o in run_concurrently(&thereabouts_bin(), &calls, None) {
+        o.expect_ok("concurrent ADD");
+        assert!(v4.insert(o.ips()[0].clone()), "duplicate: {}", o.describe());
     }
     let dump = etcd.dump("/thereabouts/").unwrap();
     let pool: Value = serde_json::from_str(&dump.iter().find(|(k, _)| k == "/thereabouts/pools/192.0.2.0-27").unwrap().1).unwrap();

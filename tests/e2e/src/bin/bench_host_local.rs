@@ -34,12 +34,9 @@ struct Side {
 
 impl Side {
     fn call(&self, cmd: &str, cid: &str) -> Duration {
-        let c = Call::pod(cmd, cid, cid);
-        let t = Instant::now();
-        let (st, _) = c.run_plain(&self.bin, &self.conf);
-        let d = t.elapsed();
-        assert!(st.success(), "{} {cmd} {cid} failed", self.name);
-        d
+        let o = Call::pod(cmd, cid, cid).run(&self.bin, &self.conf);
+        assert!(o.ok(), "{} {cmd} {cid} failed: {}", self.name, o.describe());
+        o.elapsed
     }
     fn round(&mut self, cid: &str, record: bool) {
         let a = self.call("ADD", cid);

@@ -38,11 +38,12 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
-use thereabouts_k8s_harness::bench::Runner;
-use thereabouts_k8s_harness::burst::{Invocation, address, log_path, ms, per_call, percentile, process_cpu, run_one};
+use thereabouts_e2e::{Invocation, Outcome, addr_of, thereabouts_bin};
+use thereabouts_k8s_harness::addresses::pool_name;
+use thereabouts_k8s_harness::bench::{Runner, process_cpu};
+use thereabouts_k8s_harness::burst::Network;
 use thereabouts_k8s_harness::etcd::{Etcd, GrpcCounts, etcd_conf};
-use thereabouts_k8s_harness::plugin::with_debug_log;
+use thereabouts_k8s_harness::report::{ms, per_call, percentile};
 
 /// The datastore's default `etcd_prefix`.
 const PREFIX: &str = "/thereabouts/";
@@ -94,20 +95,17 @@ fn commits(p: &Phase) -> usize {
 struct Bench {
     etcd: Etcd,
     bin: std::path::PathBuf,
-    conf: serde_json::Value,
-    logs: TempDir,
+    net: Network,
     timeout: Duration,
-    watchdog: Duration,
 }
 
 impl Bench {
     fn pools(&self) -> Vec<(String, &'static str)> {
-        RANGES.iter().map(|r| (r.replace([':', '/'], "-"), *r)).collect()
+        RANGES.iter().map(|r| (pool_name(r), *r)).collect()
     }
 
     fn invocation(&self, command: &str, cid: &str, pod: &str) -> Invocation {
-        let log = log_path(self.logs.path(), &format!("{}-{cid}", command.to_lowercase()));
-        Invocation::new(Call::pod(command, cid, pod), with_debug_log(self.conf.clone(), &log).to_string()).budget(self.timeout)
+        self.net.invocation(command, cid, pod, self.timeout)
     }
 
     fn scrape(&self) -> Option<GrpcCounts> {
@@ -127,7 +125,7 @@ impl Bench {
     /// Runs `pods` one after another (`concurrent` false) or all at once.
     fn phase(&self, name: &str, command: &str, pods: &[(String, String)], concurrent: bool) -> (Phase, Vec<Outcome>) {
         let invocations: Vec<Invocation> = pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod)).collect();
-        let runner = Runner { bin: &self.bin, watchdog: self.watchdog, logs: self.logs.path(), scrape: &|_| self.scrape(), server_cpu: &|| self.etcd_cpu() };
+        let runner = Runner { bin: &self.bin, net: &self.net, scrape: &|_| self.scrape(), server_cpu: &|| self.etcd_cpu() };
         runner.phase(name, command, &invocations, concurrent)
     }
 
@@ -141,7 +139,7 @@ impl Bench {
                 bail!("{} addresses for one pod: {}", ips.len(), o.describe());
             }
             for (ip, set) in ips.iter().zip(seen.iter_mut()) {
-                if !set.insert(address(ip)) {
+                if !set.insert(addr_of(ip)) {
                     bail!("{ip} handed out twice");
                 }
             }
@@ -182,17 +180,15 @@ fn main() -> Result<()> {
     let options = parse_options()?;
     let etcd = Etcd::start_plain().context("starting etcd")?;
     let bench = Bench {
-        conf: etcd_conf(etcd.access(), "etcd-bench", &RANGES),
+        net: Network::new(etcd_conf(etcd.access(), "etcd-bench", &RANGES), &RANGES, "etcd-bench"),
         etcd,
         bin: thereabouts_bin(),
-        logs: TempDir::new("etcd-bench"),
         timeout: options.timeout,
-        watchdog: options.timeout + Duration::from_secs(60),
     };
 
     // Warm-up: the pool keys exist from here on (a running cluster's state).
     for command in ["ADD", "DEL"] {
-        let warm = run_one(&bench.bin, &bench.invocation(command, "cid-warm", "warm"), bench.watchdog);
+        let warm = bench.invocation(command, "cid-warm", "warm").run(&bench.bin);
         if !warm.ok() {
             bail!("warm-up {command} failed: {}", warm.describe());
         }

@@ -50,13 +50,14 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use thereabouts_e2e::{Call, Outcome, TempDir, thereabouts_bin};
+use thereabouts_e2e::{Invocation, Outcome, addr_of, thereabouts_bin};
 use thereabouts_k8s_harness::Cluster;
-use thereabouts_k8s_harness::bench::Runner;
-use thereabouts_k8s_harness::burst::{
-    Invocation, Metrics, RequestCounts, address, log_path, ms, per_call, percentile, pool_entries, process_cpu, reservations_in, run_one,
-};
-use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf, with_debug_log};
+use thereabouts_k8s_harness::apiserver_metrics::{Metrics, RequestCounts};
+use thereabouts_k8s_harness::bench::{Runner, process_cpu};
+use thereabouts_k8s_harness::burst::Network;
+use thereabouts_k8s_harness::held::{pool_entries, reservations_in};
+use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
+use thereabouts_k8s_harness::report::{ms, per_call, percentile};
 
 struct Options {
     pods: usize,
@@ -111,19 +112,14 @@ fn parse_options() -> Result<Options> {
     Ok(o)
 }
 
-/// The watchdog of a call: well past the plugin's own budget.
-fn watchdog(o: &Options) -> Duration {
-    o.timeout + Duration::from_secs(60)
-}
-
 /// The IPv4 range: the documentation network 192.0.2.0/24, which holds 253
 /// pods (its .255 is the broadcast address, and one address stays free so
 /// that a full pool is never what is measured).
-fn ipv4_range(n: usize) -> Result<String> {
+fn ipv4_range(n: usize) -> Result<&'static str> {
     if n > 253 {
         bail!("{n} pods do not fit in 192.0.2.0/24 (at most 252 with the warm-up pod)");
     }
-    Ok("192.0.2.0/24".to_string())
+    Ok("192.0.2.0/24")
 }
 
 struct Bench {
@@ -131,11 +127,8 @@ struct Bench {
     objects: Objects,
     metrics: Option<Metrics>,
     bin: std::path::PathBuf,
-    conf: serde_json::Value,
-    ranges: Vec<String>,
-    logs: TempDir,
+    net: Network,
     timeout: Duration,
-    watchdog: Duration,
     dump_metrics: Option<std::path::PathBuf>,
     dumps: std::cell::Cell<usize>,
 }
@@ -143,14 +136,8 @@ struct Bench {
 type Phase = thereabouts_k8s_harness::bench::Phase<RequestCounts>;
 
 impl Bench {
-    fn pools(&self) -> Vec<(String, String)> {
-        self.ranges.iter().map(|r| (r.replace([':', '/'], "-"), r.clone())).collect()
-    }
-
     fn invocation(&self, command: &str, cid: &str, pod: &str) -> Invocation {
-        let log = log_path(self.logs.path(), &format!("{}-{cid}", command.to_lowercase()));
-        let stdin = with_debug_log(self.conf.clone(), &log).to_string();
-        Invocation::new(Call::pod(command, cid, pod), stdin).budget(self.timeout)
+        self.net.invocation(command, cid, pod, self.timeout)
     }
 
     /// The request counts now; with `--dump-metrics`, also the whole `/metrics`
@@ -183,27 +170,27 @@ impl Bench {
     fn phase(&self, name: &str, command: &str, pods: &[(String, String)], concurrent: bool) -> (Phase, Vec<Outcome>) {
         let invocations: Vec<Invocation> = pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod)).collect();
         let server_cpu = || self.cluster.pids().into_iter().map(process_cpu).sum::<Duration>();
-        let runner = Runner { bin: &self.bin, watchdog: self.watchdog, logs: self.logs.path(), scrape: &|label| self.scrape(label), server_cpu: &server_cpu };
+        let runner = Runner { bin: &self.bin, net: &self.net, scrape: &|label| self.scrape(label), server_cpu: &server_cpu };
         runner.phase(name, command, &invocations, concurrent)
     }
 
     /// After ADDs: one address per range per successful pod, no duplicates, and
     /// the pools hold exactly the entries of `expected` pods.
     fn check_added(&self, outcomes: &[Outcome], expected: usize) -> Result<()> {
-        let mut seen: Vec<BTreeSet<IpAddr>> = vec![BTreeSet::new(); self.ranges.len()];
+        let mut seen: Vec<BTreeSet<IpAddr>> = vec![BTreeSet::new(); self.net.ranges.len()];
         for o in outcomes.iter().filter(|o| o.ok()) {
             let ips = o.ips();
-            if ips.len() != self.ranges.len() {
+            if ips.len() != self.net.ranges.len() {
                 bail!("{} addresses for one pod: {}", ips.len(), o.describe());
             }
             for (ip, set) in ips.iter().zip(seen.iter_mut()) {
-                if !set.insert(address(ip)) {
+                if !set.insert(addr_of(ip)) {
                     bail!("{ip} handed out twice");
                 }
             }
         }
-        for (pool, range) in self.pools() {
-            let n = pool_entries(&self.objects, &pool, &range)?.len();
+        for (pool, range) in self.net.pools() {
+            let n = pool_entries(&self.objects, &pool, range)?.len();
             if n != expected {
                 bail!("IPPool {pool} holds {n} entries, expected {expected}");
             }
@@ -212,14 +199,13 @@ impl Bench {
     }
 
     fn check_empty(&self) -> Result<()> {
-        for (pool, _) in self.pools() {
+        for (pool, _) in self.net.pools() {
             let n = self.objects.allocations(&pool)?.len();
             if n != 0 {
                 bail!("IPPool {pool} still holds {n} entries");
             }
         }
-        let ranges: Vec<&str> = self.ranges.iter().map(String::as_str).collect();
-        let left = reservations_in(&self.objects, &ranges)?.len();
+        let left = reservations_in(&self.objects, &self.net.ranges)?.len();
         if left != 0 {
             bail!("{left} reservations left");
         }
@@ -231,16 +217,7 @@ fn main() -> Result<()> {
     let options = parse_options()?;
     let bin = thereabouts_bin();
     let t0 = Instant::now();
-    let cluster = Cluster::start().context("starting etcd + kube-apiserver")?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async {
-        cluster.install_crds().await?;
-        cluster.install_rbac().await?;
-        if options.flowcontrol {
-            cluster.install_flowcontrol().await?;
-        }
-        anyhow::Ok(())
-    })?;
+    let cluster = Cluster::prepared_with(options.flowcontrol).context("starting etcd + kube-apiserver")?;
     eprintln!("bench: deploy/flowcontrol.yaml {}", if options.flowcontrol { "applied" } else { "NOT applied (--without-flowcontrol)" });
     eprintln!("bench: control plane ready in {:.1?}", t0.elapsed());
     let metrics = match Metrics::admin(&cluster).and_then(|m| m.requests().map(|_| m)) {
@@ -250,28 +227,24 @@ fn main() -> Result<()> {
             None
         }
     };
-    let ranges = vec![ipv4_range(options.pods.max(options.sequential) + 1)?, "2001:db8:90::/64".to_string()];
-    let range_refs: Vec<&str> = ranges.iter().map(String::as_str).collect();
+    let ranges = [ipv4_range(options.pods.max(options.sequential) + 1)?, "2001:db8:90::/64"];
     let bench = Bench {
         objects: Objects::admin(&cluster)?,
         metrics,
         bin,
-        conf: kubernetes_conf("k8s-bench", &cluster.plugin_kubeconfig(), None, &range_refs),
-        ranges: ranges.clone(),
-        logs: TempDir::new("k8s-bench"),
+        net: Network::new(kubernetes_conf("k8s-bench", &cluster.plugin_kubeconfig(), None, &ranges), &ranges, "k8s-bench"),
         timeout: options.timeout,
-        watchdog: watchdog(&options),
         dump_metrics: options.dump_metrics.clone(),
         dumps: std::cell::Cell::new(0),
         cluster,
     };
 
     // Warm-up: the pools exist from here on (a running cluster's state).
-    let warm = run_one(&bench.bin, &bench.invocation("ADD", "cid-warm", "warm"), bench.watchdog);
+    let warm = bench.invocation("ADD", "cid-warm", "warm").run(&bench.bin);
     if !warm.ok() {
         bail!("warm-up ADD failed: {}", warm.describe());
     }
-    let warm_del = run_one(&bench.bin, &bench.invocation("DEL", "cid-warm", "warm"), bench.watchdog);
+    let warm_del = bench.invocation("DEL", "cid-warm", "warm").run(&bench.bin);
     if !warm_del.ok() {
         bail!("warm-up DEL failed: {}", warm_del.describe());
     }
@@ -332,12 +305,12 @@ fn main() -> Result<()> {
 
     let version = bench.cluster.binaries().kube_apiserver.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let n_ranges = bench.ranges.len();
+    let n_ranges = bench.net.ranges.len();
     println!();
     println!(
         "thereabouts Kubernetes datastore, {} ({cores} cores); ranges {}; one process per call; plugin budget {} ms",
         version,
-        bench.ranges.join(" + "),
+        bench.net.ranges.join(" + "),
         options.timeout.as_millis()
     );
     println!();
