@@ -350,3 +350,26 @@ fn answers_are_classed_as_denied_unavailable_or_rejected() {
         assert!(script.is_done());
     }
 }
+
+#[test]
+fn a_pool_write_whose_answer_was_lost_keeps_the_reservations_of_what_may_have_landed() {
+    let (p4, p6) = (pool("192.0.2.0/24"), PoolId { name: "2001-db8---64".into(), cidr: "2001:db8::/64".into() });
+    let a = alloc(1, "c1", "a");
+    let deletes = |rollback: Answer| {
+        // The IPv4 pool is written; the IPv6 PATCH gets no answer, and may land
+        // after the client gave up. So may the IPv4 rollback, if it gets none.
+        let reads = vec![listed(&p4, "10", "12", json!({})), listed(&p6, "11", "12", json!({})), created("u4"), created("u6"), ok(), Answer::Silent];
+        let (s, log, script) = store("ns", reads);
+        script.then(vec![rollback, ok(), ok()]);
+        let mut tx = s.begin(&[p4.clone(), p6.clone()], Purpose::Update, Instant::now() + Duration::from_millis(300)).unwrap();
+        tx.load().unwrap();
+        let e = tx.commit(&[add(&p4, "10", "192.0.2.1", &a), add(&p6, "11", "2001-db8--1", &a)]).unwrap_err();
+        assert!(matches!(e, DatastoreError::Unavailable { .. }), "{e}");
+        drop(tx);
+        log.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect::<Vec<_>>()
+    };
+    // An entry that lands after all keeps its reservation; the DEL the runtime
+    // sends next frees both (the reservation by its attachment label).
+    assert_eq!(deletes(ok()), [format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1")]);
+    assert_eq!(deletes(Answer::Unreachable), Vec::<String>::new());
+}

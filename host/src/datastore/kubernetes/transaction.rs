@@ -207,7 +207,16 @@ impl Transaction for KubeTransaction<'_> {
                 other => other,
             };
             let cleanup = cleanup_deadline();
-            self.undo(&written, cleanup);
+            // A write whose answer never came may still land (the apiserver
+            // goes on after the client gave up): its entries keep their
+            // reservations, never freed here, so no entry can stand without
+            // one. The runtime's DEL after the failed ADD frees both.
+            if matches!(failed, Err(DatastoreError::Unavailable { .. })) {
+                self.keep_reservations_of(&update.pool.name);
+            }
+            for unsure in self.undo(&written, cleanup) {
+                self.keep_reservations_of(&unsure);
+            }
             if failed.is_err() {
                 self.release_held(&BTreeSet::new(), cleanup);
             }
@@ -490,7 +499,9 @@ impl KubeTransaction<'_> {
     }
 
     /// Removes the entries `written` inserted (best effort, see [`patch::rollback`]).
-    fn undo(&self, written: &[&PoolUpdate], deadline: Instant) {
+    /// Returns the pools whose rollback may or may not have landed.
+    fn undo(&self, written: &[&PoolUpdate], deadline: Instant) -> Vec<String> {
+        let mut unsure = Vec::new();
         for update in written.iter().rev() {
             let inserted: Vec<&Allocation> = update.changes.iter().filter_map(|c| if let Change::Insert(a) = c { Some(a) } else { None }).collect();
             if inserted.is_empty() {
@@ -502,8 +513,24 @@ impl KubeTransaction<'_> {
                 // Our entries are not there any more: nothing to undo.
                 Ok(Reply::Status(s)) if s.code == 422 || s.code == 404 => {}
                 Ok(Reply::Status(s)) => logging::error(format!("{}", self.store.status_error(&s, &action))),
-                Err(e) => logging::error(format!("could not roll back a failed commit: {e}")),
+                Err(e) => {
+                    logging::error(format!("could not roll back a failed commit: {e}"));
+                    unsure.push(update.pool.name.clone());
+                }
             }
         }
+        unsure
+    }
+
+    /// Forgets the reservations this call made for entries of `pool`, so
+    /// nothing of this call frees them: an entry of the pool may exist.
+    fn keep_reservations_of(&mut self, pool: &str) {
+        self.held.retain(|name, h| {
+            let keep = h.pool == pool;
+            if keep {
+                logging::debug(format!("reservation {name}: the write of pool {pool} may have landed; kept for the DEL"));
+            }
+            !keep
+        });
     }
 }
