@@ -178,6 +178,7 @@ fn an_address_an_overlapping_range_reserved_is_planned_around_at_once() {
     // Reserved by another network's /28 before this ADD read its pool.
     n.etcd.put(R1, &reservation("c9", "z"));
     let (ips, log) = n.add("c1", "a");
+    // The lowest free: not a conflict, whose re-plan would spread (to .7 here).
     assert_eq!(ips.unwrap(), ["192.0.2.2/24"]);
     assert_eq!(
         log,
@@ -243,10 +244,11 @@ fn failures_are_classed_as_unavailable_denied_rejected_or_config() {
     let failed = |class| Failure::Failed { class, detail: "cause".into() };
     let server = "etcd http://127.0.0.1:2379";
     let read = "reading pool key /thereabouts/pools/192.0.2.0-24";
+    // Each on another request: the commit, the reads, connecting.
     let cases = [
-        (2, failed(Class::Transient), format!("{server} unavailable while {read}: cause")),
+        (4, failed(Class::Transient), format!("{server} unavailable while committing pool(s) 192.0.2.0-24 in one transaction: cause")),
         (2, failed(Class::Denied), format!("{server} denied {read}: cause (check etcd_username, etcd_password and the user's role on the prefix)")),
-        (2, failed(Class::Rejected), format!("{server} rejected {read}: cause")),
+        (3, failed(Class::Rejected), format!("{server} rejected reading 1 reservation key(s) under /thereabouts/reservations/: cause")),
         (1, Failure::Config { detail: "cause".into() }, "etcd datastore config unusable: connecting: cause".into()),
     ];
     for (request, failure, message) in cases {
