@@ -1,16 +1,16 @@
 //! An etcd in memory, for the store's in-process tests: keys with etcd's
-//! revisions (one store revision, bumped by each write; a key's
-//! `create_revision` and `mod_revision`; absent = 0 for both), guards evaluated
-//! for real, and every request recorded as a short line, keys without the
-//! default prefix:
+//! revisions (one store revision, bumped once by each transaction or put that
+//! writes; a key's `create_revision` and `mod_revision`; absent = 0 for both),
+//! guards evaluated for real, and every request recorded as a short line, keys
+//! without the default prefix:
 //!
 //! `CONNECT`, `GET pools/p`, `PROBE`, `TXN GET pools/a, GET pools/b`,
 //! `TXN if create(pools/a)=0, mod(reservations/x)=5 then PUT reservations/x, DELETE pools/a -> failed`.
 //!
 //! Hooks, by request number (1-based since the log was last taken, connecting
-//! included, as the store counts):
-//! another writer's change just before a request ([`MemoryEtcd::before`]), or a
-//! failure as the answer ([`MemoryEtcd::fail`]).
+//! included, as the store counts): another writer's change just before a
+//! request ([`MemoryEtcd::before`]), or a failure as the answer
+//! ([`MemoryEtcd::fail`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
