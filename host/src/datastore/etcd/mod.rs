@@ -39,21 +39,27 @@
 //!   no reconciler yet).
 //!
 //! The client runs on a private current-thread tokio runtime, so the
-//! [`Datastore`] trait stays synchronous, and connects on first use.
+//! [`Datastore`] trait stays synchronous, and connects on first use. Requests
+//! go through [`transport::Transport`]: etcd_client in production, an
+//! in-memory etcd in the tests. Requests
+//! go through [`transport::Transport`]: etcd_client in production, an
+//! in-memory etcd in the tests.
 
 pub mod failure;
 pub mod layout;
+#[cfg(test)]
+mod memory;
 pub mod settings;
+#[cfg(test)]
+mod tests;
 mod transaction;
+pub mod transport;
 pub mod txn;
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue, TlsOptions, Txn, TxnOp, TxnOpResponse};
 use thereabouts_allocator::model::DatastoreSettings;
 
 use super::failure::Class;
@@ -61,7 +67,8 @@ use super::{Capabilities, Datastore, DatastoreError, PoolId, Purpose, Transactio
 use crate::logging;
 use layout::{Layout, ReservationValue};
 use settings::Settings;
-use txn::{CommitTxn, Guard, StoredReservation, Write};
+use transport::{EtcdClient, Failure, KeyValue, Op, Transport};
+use txn::{CommitTxn, StoredReservation};
 
 /// Longest wait for one answer (or for connecting), whatever the call's budget.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,29 +85,25 @@ const FIRST_CONFLICT_PAUSE: Duration = Duration::from_millis(10);
 const MAX_CONFLICT_PAUSE: Duration = Duration::from_secs(1);
 
 pub struct EtcdStore {
-    runtime: tokio::runtime::Runtime,
     settings: Settings,
     layout: Layout,
     /// Connected on first use (connecting authenticates when a user is set).
-    client: Mutex<Option<Client>>,
+    transport: Box<dyn Transport>,
     /// Requests sent so far by this process (for logs and benches).
     requests: AtomicU32,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl EtcdStore {
     /// Reads the settings and certificate files; sends nothing.
     pub fn open(d: &DatastoreSettings) -> Result<Self, DatastoreError> {
         let settings = settings::read(d).map_err(|detail| DatastoreError::EtcdConfig { detail })?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| DatastoreError::EtcdConfig { detail: format!("cannot start the etcd client's runtime: {e}") })?;
-        Ok(Self { runtime, settings, layout: Layout::new(d.etcd_prefix.as_deref()), client: Mutex::default(), requests: AtomicU32::new(0) })
+        let client = EtcdClient::new(settings.clone()).map_err(|detail| DatastoreError::EtcdConfig { detail })?;
+        Ok(Self::with_transport(settings, Layout::new(d.etcd_prefix.as_deref()), Box::new(client)))
+    }
+
+    /// A store sending its requests through `transport`.
+    pub(crate) fn with_transport(settings: Settings, layout: Layout, transport: Box<dyn Transport>) -> Self {
+        Self { settings, layout, transport, requests: AtomicU32::new(0) }
     }
 
     /// etcd requests sent so far (connecting counts as one).
@@ -116,31 +119,21 @@ impl EtcdStore {
         class.error(format!("etcd {}", self.settings.endpoints_text()), action, detail)
     }
 
-    fn client_error(&self, e: &etcd_client::Error, action: &str) -> DatastoreError {
-        if let etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) = e {
-            return DatastoreError::EtcdConfig { detail: format!("{action}: {}", failure::error_text(e)) };
+    fn failure(&self, failure: Failure, action: &str) -> DatastoreError {
+        match failure {
+            Failure::Config { detail } => DatastoreError::EtcdConfig { detail: format!("{action}: {detail}") },
+            Failure::Failed { class, detail } => self.error(class, action, detail),
         }
-        let (class, detail) = failure::classify(e);
-        self.error(class, action, detail)
     }
 
-    /// Runs one request future to completion within `deadline` and [`REQUEST_TIMEOUT`].
-    fn bounded<T>(&self, action: &str, deadline: Instant, request: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, DatastoreError> {
+    /// Sends one request, waiting at most until `deadline` and [`REQUEST_TIMEOUT`].
+    fn bounded<T>(&self, action: &str, deadline: Instant, request: impl FnOnce(Duration) -> Result<T, Failure>) -> Result<T, DatastoreError> {
         let n = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
         let limit = deadline.saturating_duration_since(Instant::now()).min(REQUEST_TIMEOUT);
         let outcome = if limit.is_zero() {
             Err(self.error(Class::Transient, action, "the call's time budget ran out before the request".into()))
         } else {
-            // The timer must be made inside the runtime: it needs its time driver.
-            match self.runtime.block_on(async { tokio::time::timeout(limit, request).await }) {
-                Ok(Ok(value)) => Ok(value),
-                Ok(Err(e)) => Err(self.client_error(&e, action)),
-                Err(_) => Err(self.error(
-                    Class::Transient,
-                    action,
-                    format!("no answer within {} ms (endpoints unreachable, no leader, or a TLS handshake that fails)", limit.as_millis()),
-                )),
-            }
+            request(limit).map_err(|f| self.failure(f, action))
         };
         match &outcome {
             Ok(_) => logging::debug(format!("etcd request #{n}: {action} -> ok")),
@@ -149,29 +142,16 @@ impl EtcdStore {
         outcome
     }
 
-    /// The client, connecting (and authenticating) on first use.
-    fn client(&self, deadline: Instant) -> Result<Client, DatastoreError> {
-        if let Some(client) = lock(&self.client).as_ref() {
-            return Ok(client.clone());
+    /// The transport, connecting (and authenticating) on first use.
+    fn client(&self, deadline: Instant) -> Result<&dyn Transport, DatastoreError> {
+        if !self.transport.connected() {
+            let action = match &self.settings.user {
+                Some((user, _)) => format!("connecting as user {user}"),
+                None => "connecting".to_string(),
+            };
+            self.bounded(&action, deadline, |limit| self.transport.connect(limit))?;
         }
-        let mut options = ConnectOptions::new().with_connect_timeout(REQUEST_TIMEOUT).with_require_leader(true);
-        if let Some((user, password)) = &self.settings.user {
-            options = options.with_user(user.clone(), password.clone());
-        }
-        if let Some(tls) = &self.settings.tls {
-            let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
-            if let Some((cert, key)) = &tls.identity {
-                config = config.identity(Identity::from_pem(cert, key));
-            }
-            options = options.with_tls(config);
-        }
-        let action = match &self.settings.user {
-            Some((user, _)) => format!("connecting as user {user}"),
-            None => "connecting".to_string(),
-        };
-        let client = self.bounded(&action, deadline, Client::connect(self.settings.endpoints.clone(), Some(options)))?;
-        *lock(&self.client) = Some(client.clone());
-        Ok(client)
+        Ok(self.transport.as_ref())
     }
 
     /// The pool keys of `pools` as stored now (`None`: absent), with the store
@@ -179,37 +159,33 @@ impl EtcdStore {
     /// read-only transaction (one round trip instead of one per range: under a
     /// burst every attempt pays it).
     fn read_pools(&self, pools: &[PoolId], deadline: Instant) -> Result<(Vec<Option<KeyValue>>, i64), DatastoreError> {
-        let mut client = self.client(deadline)?;
+        let client = self.client(deadline)?;
         let keys: Vec<String> = pools.iter().map(|p| self.layout.pool_key(&p.name)).collect();
         if let [key] = keys.as_slice() {
-            let response = self.bounded(&format!("reading pool key {key}"), deadline, client.get(key.clone(), None))?;
-            let read_revision = response.header().map(|h| h.revision()).unwrap_or(0);
-            return Ok((vec![response.kvs().first().cloned()], read_revision));
+            let read = self.bounded(&format!("reading pool key {key}"), deadline, |limit| client.get(key, limit))?;
+            return Ok((vec![read.kv], read.revision));
         }
-        let gets: Vec<TxnOp> = keys.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+        let gets: Vec<Op> = keys.iter().map(|k| Op::Get { key: k.clone() }).collect();
         let action = format!("reading pool keys {} in one transaction", keys.join(", "));
-        let response = self.bounded(&action, deadline, client.txn(Txn::new().and_then(gets)))?;
-        let read_revision = response.header().map(|h| h.revision()).unwrap_or(0);
-        let read = response.op_responses().into_iter().map(|op| if let TxnOpResponse::Get(get) = op { get.kvs().first().cloned() } else { None }).collect();
-        Ok((read, read_revision))
+        let response = self.bounded(&action, deadline, |limit| client.txn(&[], &gets, limit))?;
+        Ok((response.gets, response.revision))
     }
 
     /// The reservation keys `names`, in one read-only transaction.
     pub(super) fn read_reservations(&self, names: &[String], deadline: Instant) -> Result<HashMap<String, Option<StoredReservation>>, DatastoreError> {
-        let mut client = self.client(deadline)?;
-        let gets: Vec<TxnOp> = names.iter().map(|n| TxnOp::get(self.layout.reservation_key(n), None)).collect();
+        let client = self.client(deadline)?;
+        let gets: Vec<Op> = names.iter().map(|n| Op::Get { key: self.layout.reservation_key(n) }).collect();
         let action = format!("reading {} reservation key(s) under {}reservations/", names.len(), self.layout.prefix());
-        let response = self.bounded(&action, deadline, client.txn(Txn::new().and_then(gets)))?;
+        let response = self.bounded(&action, deadline, |limit| client.txn(&[], &gets, limit))?;
         let mut found: HashMap<String, Option<StoredReservation>> = names.iter().map(|n| (n.clone(), None)).collect();
-        for (name, op) in names.iter().zip(response.op_responses()) {
-            let TxnOpResponse::Get(get) = op else { continue };
-            if let Some(kv) = get.kvs().first() {
+        for (name, get) in names.iter().zip(response.gets) {
+            if let Some(kv) = get {
                 found.insert(
                     name.clone(),
                     Some(StoredReservation {
-                        value: ReservationValue::decode(kv.value()).ok(),
-                        create_revision: kv.create_revision(),
-                        mod_revision: kv.mod_revision(),
+                        value: ReservationValue::decode(&kv.value).ok(),
+                        create_revision: kv.create_revision,
+                        mod_revision: kv.mod_revision,
                     }),
                 );
             }
@@ -218,26 +194,11 @@ impl EtcdStore {
     }
 
     pub(super) fn send(&self, commit: CommitTxn, pools: &str, deadline: Instant) -> Result<bool, DatastoreError> {
-        let mut client = self.client(deadline)?;
-        let compares: Vec<Compare> = commit
-            .guards
-            .into_iter()
-            .map(|g| match g {
-                Guard::Absent { key } => Compare::create_revision(key, CompareOp::Equal, 0),
-                Guard::Unchanged { key, mod_revision } => Compare::mod_revision(key, CompareOp::Equal, mod_revision),
-            })
-            .collect();
-        let ops: Vec<TxnOp> = commit
-            .writes
-            .into_iter()
-            .map(|w| match w {
-                Write::Put { key, value } => TxnOp::put(key, value, None),
-                Write::Delete { key } => TxnOp::delete(key, None),
-            })
-            .collect();
+        let client = self.client(deadline)?;
+        let ops: Vec<Op> = commit.writes.into_iter().map(Op::Write).collect();
         let action = format!("committing pool(s) {pools} in one transaction");
-        let response = self.bounded(&action, deadline, client.txn(Txn::new().when(compares).and_then(ops)))?;
-        Ok(response.succeeded())
+        let response = self.bounded(&action, deadline, |limit| client.txn(&commit.guards, &ops, limit))?;
+        Ok(response.succeeded)
     }
 }
 
@@ -259,10 +220,9 @@ impl Datastore for EtcdStore {
     /// One read of the prefix (a key at most): reachable, a leader, credentials
     /// and read permission on the prefix.
     fn check_usable(&self, deadline: Instant) -> Result<(), DatastoreError> {
-        let mut client = self.client(deadline)?;
-        let prefix = self.layout.prefix().to_string();
-        let options = GetOptions::new().with_prefix().with_keys_only().with_limit(1);
-        self.bounded(&format!("reading under {prefix}"), deadline, client.get(prefix.clone(), Some(options))).map(|_| ())
+        let client = self.client(deadline)?;
+        let prefix = self.layout.prefix();
+        self.bounded(&format!("reading under {prefix}"), deadline, |limit| client.probe(prefix, limit))
     }
 
     /// No lock, no lease: compare-and-swap alone (see [`transaction`]).

@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
-use etcd_client::KeyValue;
+use super::transport::KeyValue;
 
 use super::EtcdStore;
 use super::txn::{self, Reads, Refusal};
@@ -40,9 +40,9 @@ impl<'s> EtcdTransaction<'s> {
             self.read.remove(&pool.name);
             return Ok(Pool { reserved, ..Pool::default() });
         };
-        let value = PoolDocument::decode(kv.value())
+        let value = PoolDocument::decode(&kv.value)
             .map_err(|detail| DatastoreError::Malformed { object: format!("etcd key {}", self.store.layout.pool_key(&pool.name)), detail })?;
-        let loaded = Pool { version: Version(kv.mod_revision().to_string()), entries: value.entries.clone(), reserved, ..Pool::default() };
+        let loaded = Pool { version: Version(kv.mod_revision.to_string()), entries: value.entries.clone(), reserved, ..Pool::default() };
         self.read.insert(pool.name.clone(), value);
         Ok(loaded)
     }
