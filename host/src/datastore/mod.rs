@@ -6,6 +6,7 @@
 //! compares). Planning happens between the two in the engine, so a backend
 //! never decides which address anyone gets.
 
+mod client_runtime;
 pub mod etcd;
 pub mod failure;
 pub mod file;

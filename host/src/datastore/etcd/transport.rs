@@ -17,6 +17,7 @@ use super::REQUEST_TIMEOUT;
 use super::failure;
 use super::settings::Settings;
 use super::txn::{Guard, Write};
+use crate::datastore::client_runtime::ClientRuntime;
 use crate::datastore::failure::Class;
 
 /// A key as read.
@@ -77,7 +78,7 @@ pub trait Transport: Send + Sync {
 /// The real thing: etcd_client on a private current-thread tokio runtime (the
 /// store stays synchronous), connected on first use.
 pub struct EtcdClient {
-    runtime: tokio::runtime::Runtime,
+    runtime: ClientRuntime,
     settings: Settings,
     client: Mutex<Option<Client>>,
 }
@@ -85,11 +86,7 @@ pub struct EtcdClient {
 impl EtcdClient {
     /// Starts the runtime; sends nothing.
     pub fn new(settings: Settings) -> Result<Self, String> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| format!("cannot start the etcd client's runtime: {e}"))?;
+        let runtime = ClientRuntime::start().map_err(|e| format!("cannot start the etcd client's runtime: {e}"))?;
         Ok(EtcdClient { runtime, settings, client: Mutex::default() })
     }
 
@@ -101,11 +98,10 @@ impl EtcdClient {
 
     /// Runs one request future to completion within `limit`.
     fn bounded<T>(&self, limit: Duration, request: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, Failure> {
-        // The timer must be made inside the runtime: it needs its time driver.
-        match self.runtime.block_on(async { tokio::time::timeout(limit, request).await }) {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(failure_of(&e)),
-            Err(_) => Err(Failure::Failed {
+        match self.runtime.within(limit, request) {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(e)) => Err(failure_of(&e)),
+            None => Err(Failure::Failed {
                 class: Class::Transient,
                 detail: format!("no answer within {} ms (endpoints unreachable, no leader, or a TLS handshake that fails)", limit.as_millis()),
             }),

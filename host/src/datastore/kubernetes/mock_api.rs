@@ -13,6 +13,7 @@ use kube::client::Body;
 use serde_json::{Value, json};
 
 use super::KubernetesStore;
+use crate::datastore::client_runtime::ClientRuntime;
 
 /// One answer of the script.
 pub enum Answer {
@@ -59,7 +60,7 @@ pub fn store(ns: &str, script: Vec<Answer>) -> (KubernetesStore, Log, Script) {
     let script = Script(Arc::new(Mutex::new(script.into())));
     let (seen, answers) = (log.clone(), script.clone());
     let service = tower::service_fn(move |request| serve(request, seen.clone(), answers.clone()));
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtime = ClientRuntime::start().unwrap();
     // The client's dispatcher task is spawned where it is made.
     let client = {
         let _inside = runtime.enter();

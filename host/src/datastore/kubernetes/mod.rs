@@ -31,6 +31,7 @@ use http::Method;
 use kube::core::Status;
 use serde_json::{Value, json};
 
+use super::client_runtime::ClientRuntime;
 use super::failure::Class;
 use super::retry::{self, Backoff};
 use super::{Capabilities, Datastore, DatastoreError, PoolId, Purpose, Transaction};
@@ -56,7 +57,7 @@ const JSON_PATCH: &str = "application/json-patch+json";
 const JSON: &str = "application/json";
 
 pub struct KubernetesStore {
-    runtime: tokio::runtime::Runtime,
+    runtime: ClientRuntime,
     client: kube::Client,
     /// The API server URL, for messages.
     server: String,
@@ -78,7 +79,7 @@ impl KubernetesStore {
     pub fn open(kubeconfig_path: &Path) -> Result<Self, DatastoreError> {
         let unusable = |detail: String| DatastoreError::Kubeconfig { path: kubeconfig_path.to_path_buf(), detail };
         let (file, namespace) = kubeconfig::read(kubeconfig_path).map_err(unusable)?;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build().map_err(|e| DatastoreError::io(kubeconfig_path, e))?;
+        let runtime = ClientRuntime::start().map_err(|e| DatastoreError::io(kubeconfig_path, e))?;
         let (client, server) = runtime
             .block_on(async {
                 let mut config = kubeconfig::client_config(file).await?;
@@ -96,7 +97,7 @@ impl KubernetesStore {
 
     /// The store over `client`, which must have been made inside `runtime`
     /// (its dispatcher runs there). `server` and `kubeconfig` are for messages.
-    fn with_client(runtime: tokio::runtime::Runtime, client: kube::Client, server: String, namespace: String, kubeconfig: PathBuf) -> Self {
+    fn with_client(runtime: ClientRuntime, client: kube::Client, server: String, namespace: String, kubeconfig: PathBuf) -> Self {
         Self { runtime, client, server, namespace, kubeconfig, requests: AtomicU32::new(0) }
     }
 
@@ -156,16 +157,15 @@ impl KubernetesStore {
             let request = request.body(bytes).map_err(|e| self.rejected(action, format!("cannot build the request: {e}")))?;
             let number = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
             let started = Instant::now();
-            // The timer needs the runtime's context: create it inside.
-            let outcome = self.runtime.block_on(async { tokio::time::timeout(limit, self.client.request_text(request)).await });
+            let outcome = self.runtime.within(limit, self.client.request_text(request));
             let took = started.elapsed();
             let log = |answer: &str| logging::debug(format!("kubernetes API request #{number}: {method} {path} -> {answer} in {} ms", took.as_millis()));
             match outcome {
-                Err(_) => {
+                None => {
                     log("no answer");
                     return Err(self.unavailable(action, format!("no answer within {} ms", limit.as_millis())));
                 }
-                Ok(Ok(text)) => {
+                Some(Ok(text)) => {
                     log("ok");
                     let value = if text.trim().is_empty() {
                         Value::Null
@@ -174,7 +174,7 @@ impl KubernetesStore {
                     };
                     return Ok(Reply::Object(value));
                 }
-                Ok(Err(kube::Error::Api(status))) => {
+                Some(Err(kube::Error::Api(status))) => {
                     log(&format!("{} {}", status.code, status.reason));
                     logging::debug(format!("kubernetes API answer #{number}: {}", failure::describe_status(&status)));
                     if matches!(status.code, 429 | 503 | 504) && throttled < throttle_retries {
@@ -195,7 +195,7 @@ impl KubernetesStore {
                     }
                     return Ok(Reply::Status(status));
                 }
-                Ok(Err(e)) => {
+                Some(Err(e)) => {
                     let (class, detail) = failure::transport(&e);
                     log(&format!("failed: {detail}"));
                     return Err(self.failure(class, action, detail));
