@@ -111,12 +111,30 @@ fn whereabouts_allocates_dual_stack_for_two_pods_and_del_frees_them() {
     assert_eq!(specs(&objects, RESERVATIONS, "plain-"), []);
 }
 
+#[test]
+fn whereabouts_kubeconfig_authenticates_as_its_service_account() {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let shared = shared();
+    let (_, install) = &*shared;
+    let user = block_on(async {
+        let client = client(&install.kubeconfig).await;
+        let review = kube::Api::<SelfSubjectReview>::all(client).create(&Default::default(), &Default::default()).await.expect("SelfSubjectReview");
+        review.status.and_then(|s| s.user_info).and_then(|u| u.username)
+    });
+    let (namespace, name) = peers::WHEREABOUTS_SERVICE_ACCOUNT;
+    assert_eq!(user, Some(format!("system:serviceaccount:{namespace}:{name}")));
+}
+
+async fn client(kubeconfig: &Path) -> kube::Client {
+    let config = kube::Config::from_custom_kubeconfig(kube::config::Kubeconfig::read_from(kubeconfig).unwrap(), &Default::default()).await.unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
 /// The fastest of `n` GETs of `/version` through `kubeconfig` (one connection,
 /// kept alive, so each GET after the first is one round trip).
 fn fastest_get(kubeconfig: &Path, n: usize) -> Duration {
     block_on(async {
-        let config = kube::Config::from_custom_kubeconfig(kube::config::Kubeconfig::read_from(kubeconfig).unwrap(), &Default::default()).await.unwrap();
-        let client = kube::Client::try_from(config).unwrap();
+        let client = client(kubeconfig).await;
         let mut fastest = Duration::MAX;
         for _ in 0..n {
             let t = Instant::now();
