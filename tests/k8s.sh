@@ -2,7 +2,8 @@
 # Kubernetes and etcd tests: builds (or reuses from the cache outside the clone) a
 # real kube-apiserver and etcd from the Go module proxy, then runs the tests that
 # start them through the Rust harness (tests/k8s-harness), the etcd datastore's
-# included (tests/etcd_datastore.rs, tests/etcd_burst.rs). Needs Go >= 1.26.
+# included (tests/etcd_datastore.rs, tests/etcd_burst.rs), and the real whereabouts
+# and toxiproxy (tests/k8s-bins/build-peers.sh, tests/peers.rs). Needs Go >= 1.26.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v go >/dev/null 2>&1 || {
@@ -13,6 +14,13 @@ bins=$(bash tests/k8s-bins/build.sh)
 echo "kube-apiserver and etcd: $bins"
 # The harness would run build.sh itself; pointing it at the directory skips that.
 export THEREABOUTS_K8S_BINS="$bins"
+# The peers of the comparison (issue 12): whereabouts and toxiproxy, also cached by
+# version (tests/peers.rs runs them; the benchmarks too).
+peers=$(bash tests/k8s-bins/build-peers.sh whereabouts toxiproxy)
+whereabouts_dir=$(sed -n 1p <<<"$peers")
+toxiproxy_dir=$(sed -n 2p <<<"$peers")
+echo "whereabouts: $whereabouts_dir; toxiproxy: $toxiproxy_dir"
+export THEREABOUTS_WHEREABOUTS_DIR="$whereabouts_dir" THEREABOUTS_TOXIPROXY_DIR="$toxiproxy_dir"
 # The Rust target and the build's Debian packages (C toolchain, protoc), when missing.
 source scripts/setup-rust.sh
 # tests/datastore.rs, tests/burst.rs and the etcd tests run the shipped plugin binary

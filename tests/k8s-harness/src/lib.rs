@@ -45,7 +45,9 @@ mod bins;
 pub mod burst;
 pub mod etcd;
 pub mod held;
+mod latency_proxy;
 pub mod log_stats;
+pub mod peers;
 pub mod plugin;
 mod process;
 pub mod report;
@@ -63,6 +65,7 @@ use base64::Engine as _;
 
 pub use apply::{apply_yaml, split_yaml};
 pub use bins::{Binaries, binaries, build_script};
+pub use latency_proxy::LatencyProxy;
 pub use process::pid_alive;
 
 use process::{Proc, Spawner};
@@ -562,14 +565,14 @@ pub fn crds_dir() -> PathBuf {
     deploy_dir().join("crds")
 }
 
-async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
+pub(crate) async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
     let config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.with_context(|| format!("loading {}", path.display()))?;
     kube::Client::try_from(config).context("building a client")
 }
 
-async fn get_text(client: &kube::Client, path: &str) -> Result<String> {
+pub(crate) async fn get_text(client: &kube::Client, path: &str) -> Result<String> {
     let req = http::Request::get(path).body(Vec::new())?;
     Ok(client.request_text(req).await?)
 }
@@ -622,7 +625,7 @@ fn http_get_plain(port: u16, path: &str) -> std::io::Result<String> {
     Ok(buf)
 }
 
-fn free_ports<const N: usize>() -> Result<[u16; N]> {
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
     // Hold all listeners at once so the N ports are distinct.
     let listeners: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0))).collect::<std::io::Result<_>>()?;
     let mut ports = [0u16; N];
