@@ -102,7 +102,8 @@ fn datastore_code(e: &DatastoreError) -> u32 {
         | DatastoreError::Inconsistent { .. }
         | DatastoreError::Denied { .. }
         | DatastoreError::Rejected { .. }
-        | DatastoreError::Malformed { .. } => code::INTERNAL,
+        | DatastoreError::Malformed { .. }
+        | DatastoreError::PoolTooLarge { .. } => code::INTERNAL,
     }
 }
 

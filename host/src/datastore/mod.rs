@@ -172,6 +172,13 @@ pub enum DatastoreError {
     /// The kubeconfig named by `kubernetes.kubeconfig` cannot be used.
     #[error("kubeconfig {path} is unusable: {detail}")]
     Kubeconfig { path: PathBuf, detail: String },
+    /// A pool cannot hold another entry: the store refused to keep an object
+    /// that large (etcd's request limit, `--max-request-bytes`, 1.5 MiB by
+    /// default, bounds every `IPPool` and etcd key). Retrying does not help.
+    #[error(
+        "{object} cannot hold another entry: the datastore refused the write as too large ({entries} entries; etcd keeps at most --max-request-bytes per object, 1.5 MiB by default, about 10 000 entries). Use several smaller ranges, or raise etcd's --max-request-bytes"
+    )]
+    PoolTooLarge { object: String, entries: usize },
     /// A stored object this build cannot read (e.g. an `IPPool` without a usable `spec`).
     #[error("{object} is unreadable: {detail}")]
     Malformed { object: String, detail: String },

@@ -702,3 +702,38 @@ fn an_unresponsive_apiserver_is_bounded_by_the_deadline() {
     assert!(e["code"] == 11 && e["msg"].as_str().unwrap().contains(&format!("https://127.0.0.1:{port}")), "{}", out.describe());
     assert!(out.elapsed < Duration::from_millis(4000), "answered after {:?}", out.elapsed);
 }
+
+/// A pool at the apiserver's object size limit (etcd's request limit, 1.5 MiB by
+/// default): the next ADD fails with an error naming the limit and the remedy,
+/// and leaves the pool and the reservations exactly as they were.
+#[test]
+fn a_pool_at_the_object_size_limit_fails_the_add_clearly_and_writes_nothing() {
+    let cluster = shared();
+    let objects = Objects::admin(&cluster).unwrap();
+    let range = "2001:db8:f1::/64";
+    let pool = pool_name(range);
+    // One huge entry, then 1 KiB ones, then the smallest entries whereabouts
+    // accepts, each until the apiserver refuses: the pool is then full to within
+    // a few dozen bytes, less than any entry the plugin writes.
+    let filler = |offset: usize, size: usize| (offset.to_string(), json!({"id": "x", "podref": format!("f/{}", "p".repeat(size))}));
+    let (key, value) = filler(1, 1_500_000);
+    let spec = json!({"range": range, "allocations": {key: value}});
+    objects.create(IPPOOLS, &json!({"apiVersion": format!("{GROUP}/v1alpha1"), "kind": "IPPool", "metadata": {"name": pool}, "spec": spec})).unwrap();
+    let mut offset = 2;
+    for size in [1024, 0] {
+        loop {
+            let (key, value) = filler(offset, size);
+            match objects.json_patch(IPPOOLS, &pool, &json!([{"op": "add", "path": format!("/spec/allocations/{key}"), "value": value}])).unwrap() {
+                Ok(_) => offset += 1,
+                Err(_) => break,
+            }
+        }
+    }
+    let before = versions(&objects, &[range]);
+    let e = add(&conf(&cluster, "k8s-too-large", &[range]), "cid-big", "big").expect_cni_error("ADD into a pool at the size limit");
+    let msg = e["msg"].as_str().unwrap();
+    assert!(msg.contains("cannot hold another entry") && msg.contains("max-request-bytes") && msg.contains("smaller ranges"), "{e}");
+    assert_eq!(e["code"], 999, "retrying does not help: not code 11");
+    assert_eq!(versions(&objects, &[range]), before, "nothing written");
+    assert!(reservations_in(&objects, &[range]).unwrap().is_empty(), "no reservation left");
+}

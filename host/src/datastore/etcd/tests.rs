@@ -285,3 +285,13 @@ fn status_probes_the_prefix_and_a_spent_budget_sends_nothing() {
     assert_eq!(e.to_string(), "etcd http://127.0.0.1:2379 unavailable while connecting: the call's time budget ran out before the request");
     assert_eq!((s.requests(), etcd.take_log()), (1, Vec::<String>::new()));
 }
+
+#[test]
+fn a_pool_etcd_refuses_as_too_large_is_full_not_unavailable() {
+    let mut n = Node::new(&["192.0.2.0/24"], true);
+    n.etcd.fail(4, Failure::Failed { class: Class::Rejected, detail: "status: InvalidArgument, message: \"etcdserver: request is too large\"".into() });
+    let (result, _) = n.add("c1", "a");
+    let Err(IpamError::Datastore(e)) = result else { panic!("{result:?}") };
+    assert!(matches!(&e, DatastoreError::PoolTooLarge { object, entries: 1 } if object == "etcd pool key(s) 192.0.2.0-24"), "{e:?}");
+    assert_eq!(n.etcd.dump(), []);
+}

@@ -10,7 +10,7 @@ use super::transport::KeyValue;
 use super::EtcdStore;
 use super::txn::{self, Reads, Refusal};
 use crate::datastore::pool_document::PoolDocument;
-use crate::datastore::{DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Retry, Transaction, Version};
+use crate::datastore::{Change, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Retry, Transaction, Version};
 use crate::logging;
 
 pub(super) struct EtcdTransaction<'s> {
@@ -75,7 +75,17 @@ impl Transaction for EtcdTransaction<'_> {
             return Ok(Outcome::Committed);
         }
         let written: Vec<&str> = updates.iter().filter(|u| !u.changes.is_empty()).map(|u| u.pool.name.as_str()).collect();
-        let result = self.store.send(commit, &written.join(", "), self.deadline);
+        let result = match self.store.send(commit, &written.join(", "), self.deadline) {
+            // etcd refuses a value over its request limit: the pool is full for it.
+            Err(DatastoreError::Rejected { detail, .. }) if detail.contains("request is too large") => {
+                let entries = |u: &PoolUpdate| {
+                    self.read.get(&u.pool.name).map_or(0, |d| d.entries.len()) + u.changes.iter().filter(|c| matches!(c, Change::Insert(_))).count()
+                };
+                let entries = updates.iter().map(entries).max().unwrap_or(0);
+                Err(DatastoreError::PoolTooLarge { object: format!("etcd pool key(s) {}", written.join(", ")), entries })
+            }
+            other => other,
+        };
         // Whatever happened, the reads of these pools are stale now.
         for name in &written {
             self.read.remove(*name);

@@ -46,6 +46,12 @@ fn causes(status: &Status) -> impl Iterator<Item = &str> {
     status.details.iter().flat_map(|d| d.causes.iter()).map(|c| c.message.as_str())
 }
 
+/// Whether the apiserver refused a write because the object would be larger than
+/// etcd keeps (its answer: 500 with etcd's own message).
+pub fn is_too_large(status: &Status) -> bool {
+    status.code == 413 || (status.code == 500 && status.message.contains("request is too large"))
+}
+
 /// `403 Forbidden: <the apiserver's message>`, with a hint for a resource type
 /// that is not served at all.
 pub fn describe_status(status: &Status) -> String {

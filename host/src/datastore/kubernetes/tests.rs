@@ -373,3 +373,18 @@ fn a_pool_write_whose_answer_was_lost_keeps_the_reservations_of_what_may_have_la
     assert_eq!(deletes(ok()), [format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1")]);
     assert_eq!(deletes(Answer::Unreachable), Vec::<String>::new());
 }
+
+#[test]
+fn a_pool_the_apiserver_refuses_as_too_large_is_full_and_frees_its_reservation() {
+    let p = pool("2001:db8::/64");
+    let a = alloc(3, "c1", "a");
+    let too_large = Answer::Status(500, "etcdserver: request is too large", Value::Null);
+    let (s, log, _) = store("ns", vec![listed(&p, "10", "12", json!({"1": entry("c8", "y"), "2": entry("c9", "z")})), created("u1"), too_large, ok()]);
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    let e = tx.commit(&[add(&p, "10", "2001-db8--3", &a)]).unwrap_err();
+    assert!(matches!(&e, DatastoreError::PoolTooLarge { object, entries: 3 } if *object == format!("IPPool ns/{}", p.name)), "{e:?}");
+    assert!(e.to_string().contains("--max-request-bytes"), "{e}");
+    // Refused, not lost: the reservation of the address goes at once.
+    assert_eq!(log.lines()[3], format!("DELETE {API}/overlappingrangeipreservations/2001-db8--3"));
+}

@@ -479,6 +479,10 @@ impl KubeTransaction<'_> {
             // An entry's test failed (its offset was taken, or the entry to change
             // is gone or someone else's), or the pool was deleted since.
             Reply::Status(s) if failure::is_failed_test(&s) || s.code == 409 || failure::is_object_not_found(&s, name) => conflict(),
+            Reply::Status(s) if failure::is_too_large(&s) => {
+                let entries = read.entries.len() + update.changes.iter().filter(|c| matches!(c, Change::Insert(_))).count();
+                Err(DatastoreError::PoolTooLarge { object: format!("IPPool {}/{name}", self.store.namespace), entries })
+            }
             Reply::Status(s) => Err(self.store.status_error(&s, &action)),
         };
         // Whatever happened, the object read is stale now.
