@@ -560,10 +560,13 @@ pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
 }
 
-/// `deploy/crds/` of this repository.
+/// `deploy/crds/` of this repository, or `$THEREABOUTS_CRDS_DIR`.
 pub fn crds_dir() -> PathBuf {
-    deploy_dir().join("crds")
+    std::env::var_os(CRDS_DIR_ENV).map(PathBuf::from).unwrap_or_else(|| deploy_dir().join("crds"))
 }
+
+/// Overrides [`crds_dir`] (benchmarks compare this project's CRDs with whereabouts' own).
+pub const CRDS_DIR_ENV: &str = "THEREABOUTS_CRDS_DIR";
 
 pub(crate) async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;

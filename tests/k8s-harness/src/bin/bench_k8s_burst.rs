@@ -16,6 +16,8 @@
 //! `--dump-metrics DIR` writes the apiserver's whole `/metrics` text before and
 //! after every phase (`DIR/<n>-<before|after>-<phase>.prom`), for digging into
 //! the apiserver's side (etcd operations, flow control, request durations).
+//! `THEREABOUTS_CRDS_DIR=<dir>` installs the CRDs of `<dir>` instead of
+//! `deploy/crds/` (e.g. whereabouts' own, from `tests/k8s-bins/build-peers.sh`).
 //!
 //! Phases, each on the same config (its pools are created by one warm-up ADD
 //! first, then emptied again; after the first burst of ADDs, `--sequential`
@@ -219,6 +221,7 @@ fn main() -> Result<()> {
     let t0 = Instant::now();
     let cluster = Cluster::prepared_with(options.flowcontrol).context("starting etcd + kube-apiserver")?;
     eprintln!("bench: deploy/flowcontrol.yaml {}", if options.flowcontrol { "applied" } else { "NOT applied (--without-flowcontrol)" });
+    eprintln!("bench: CRDs from {} (${})", thereabouts_k8s_harness::crds_dir().display(), thereabouts_k8s_harness::CRDS_DIR_ENV);
     eprintln!("bench: control plane ready in {:.1?}", t0.elapsed());
     let metrics = match Metrics::admin(&cluster).and_then(|m| m.requests().map(|_| m)) {
         Ok(m) => Some(m),
