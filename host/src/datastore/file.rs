@@ -58,7 +58,7 @@ use thereabouts_allocator::model::Allocation;
 use super::file_overlap::{Scoped, same_range};
 use super::pool_document::{self, Format, PoolDocument};
 use super::pool_file;
-use super::{Capabilities, Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction, Version};
+use super::{Capabilities, Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, ReservedOffsets, Retry, Transaction, Version};
 
 /// A pool file as found under the pool's lock: where its current version lies.
 struct OnDisk {
@@ -237,7 +237,7 @@ impl Datastore for FileStore {
             deadline,
             locked: BTreeMap::new(),
             _locks: Vec::new(),
-            reserved: BTreeMap::new(),
+            reserved: ReservedOffsets::default(),
         }))
     }
 }
@@ -259,7 +259,7 @@ struct FileTransaction<'s> {
     _locks: Vec<File>,
     /// Offsets of each pool (by name) that a commit found held by an
     /// overlapping pool of the same `network_name`: planned around from then on.
-    reserved: BTreeMap<String, BTreeSet<u128>>,
+    reserved: ReservedOffsets,
 }
 
 impl Transaction for FileTransaction<'_> {
@@ -284,7 +284,7 @@ impl Transaction for FileTransaction<'_> {
                 };
             }
             let mut pool_read = read.map(|(_, p)| p).unwrap_or_default();
-            pool_read.reserved = self.reserved.get(&pool.name).map(|r| r.iter().copied().collect()).unwrap_or_default();
+            pool_read.reserved = self.reserved.of(&pool.name);
             loaded.push(pool_read);
         }
         Ok(loaded)
@@ -452,7 +452,7 @@ impl FileTransaction<'_> {
                 held.extend(scoped.offsets_of(&range, offsets.into_iter()));
             }
             if let Some((name, _)) = holders.iter().find(|(_, offset)| held.contains(offset)) {
-                self.reserved.entry(update.pool.name.clone()).or_default().extend(held);
+                self.reserved.add(&update.pool.name, held);
                 return Ok(Err(Retry::Reserved { pool: update.pool.name.clone(), name: name.to_string() }));
             }
         }

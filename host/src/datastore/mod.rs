@@ -16,7 +16,7 @@ pub mod pool_document;
 pub mod pool_file;
 pub mod retry;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -133,6 +133,29 @@ pub struct PoolUpdate {
     pub pool: PoolId,
     pub expected: Version,
     pub changes: Vec<Change>,
+}
+
+impl PoolUpdate {
+    /// How many entries the update adds.
+    pub fn inserts(&self) -> usize {
+        self.changes.iter().filter(|c| matches!(c, Change::Insert(_))).count()
+    }
+}
+
+/// Offsets of each pool (by name) one cycle found held by someone else outside
+/// the pool: handed to the planner with every later load ([`Pool::reserved`]).
+#[derive(Debug, Default)]
+pub struct ReservedOffsets(BTreeMap<String, BTreeSet<u128>>);
+
+impl ReservedOffsets {
+    pub fn add(&mut self, pool: &str, offsets: impl IntoIterator<Item = u128>) {
+        self.0.entry(pool.to_string()).or_default().extend(offsets);
+    }
+
+    /// The offsets found held in `pool`, ascending.
+    pub fn of(&self, pool: &str) -> Vec<u128> {
+        self.0.get(pool).map(|s| s.iter().copied().collect()).unwrap_or_default()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -2,7 +2,7 @@
 //! a commit changes), the store revision of each read, and the addresses it
 //! found reserved by others live here and die with it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::time::Instant;
 
 use super::transport::KeyValue;
@@ -10,7 +10,7 @@ use super::transport::KeyValue;
 use super::EtcdStore;
 use super::txn::{self, Reads, Refusal};
 use crate::datastore::pool_document::PoolDocument;
-use crate::datastore::{Change, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Retry, Transaction, Version};
+use crate::datastore::{DatastoreError, Outcome, Pool, PoolId, PoolUpdate, ReservedOffsets, Retry, Transaction, Version};
 use crate::logging;
 
 pub(super) struct EtcdTransaction<'s> {
@@ -23,19 +23,19 @@ pub(super) struct EtcdTransaction<'s> {
     /// reservation older than the read (an overlapping range) from a racer's.
     read_revisions: HashMap<String, i64>,
     /// Offsets found reserved by others, per pool name.
-    reserved: HashMap<String, BTreeSet<u128>>,
+    reserved: ReservedOffsets,
 }
 
 impl<'s> EtcdTransaction<'s> {
     pub(super) fn new(store: &'s EtcdStore, pools: &[PoolId], deadline: Instant) -> Self {
-        EtcdTransaction { store, pools: pools.to_vec(), deadline, read: HashMap::new(), read_revisions: HashMap::new(), reserved: HashMap::new() }
+        EtcdTransaction { store, pools: pools.to_vec(), deadline, read: HashMap::new(), read_revisions: HashMap::new(), reserved: ReservedOffsets::default() }
     }
 
     /// Records a pool key as read at store revision `read_revision` (`kv`
     /// None: absent) and returns the pool.
     fn remember(&mut self, pool: &PoolId, kv: Option<&KeyValue>, read_revision: i64) -> Result<Pool, DatastoreError> {
         self.read_revisions.insert(pool.name.clone(), read_revision);
-        let reserved = self.reserved.get(&pool.name).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        let reserved = self.reserved.of(&pool.name);
         let Some(kv) = kv else {
             self.read.remove(&pool.name);
             return Ok(Pool { reserved, ..Pool::default() });
@@ -65,7 +65,7 @@ impl Transaction for EtcdTransaction<'_> {
             Ok(commit) => commit,
             Err(Refusal::HeldElsewhere { pool, name, offset, create_revision }) => {
                 logging::debug(format!("address of offset {offset} in pool {pool} is reserved as {name} by another attachment; planning around it"));
-                self.reserved.entry(pool.clone()).or_default().insert(offset);
+                self.reserved.add(&pool, [offset]);
                 let read_revision = self.read_revisions.get(&pool).copied().unwrap_or(0);
                 return Ok(Outcome::Retry(if create_revision <= read_revision { Retry::Reserved { pool, name } } else { Retry::Conflict { pool } }));
             }
@@ -78,9 +78,7 @@ impl Transaction for EtcdTransaction<'_> {
         let result = match self.store.send(commit, &written.join(", "), self.deadline) {
             // etcd refuses a value over its request limit: the pool is full for it.
             Err(DatastoreError::Rejected { detail, .. }) if detail.contains("request is too large") => {
-                let entries = |u: &PoolUpdate| {
-                    self.read.get(&u.pool.name).map_or(0, |d| d.entries.len()) + u.changes.iter().filter(|c| matches!(c, Change::Insert(_))).count()
-                };
+                let entries = |u: &PoolUpdate| self.read.get(&u.pool.name).map_or(0, |d| d.entries.len()) + u.inserts();
                 let entries = updates.iter().map(entries).max().unwrap_or(0);
                 Err(DatastoreError::PoolTooLarge { object: format!("etcd pool key(s) {}", written.join(", ")), entries })
             }

@@ -12,7 +12,7 @@ use thereabouts_allocator::model::Allocation;
 
 use super::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
 use super::{CLEANUP_GRACE, JSON, JSON_PATCH, KubernetesStore, REQUEST_TIMEOUT, Reply, THROTTLE_RETRIES, WRITE_TIMEOUT, failure, patch};
-use crate::datastore::{Change, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction, Version};
+use crate::datastore::{Change, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, ReservedOffsets, Retry, Transaction, Version};
 use crate::logging;
 
 pub(super) struct KubeTransaction<'s> {
@@ -24,7 +24,7 @@ pub(super) struct KubeTransaction<'s> {
     /// Per pool name: the revision (collection resourceVersion) of its last read.
     read_revisions: HashMap<String, String>,
     /// Offsets found reserved by others, per pool name.
-    reserved: HashMap<String, BTreeSet<u128>>,
+    reserved: ReservedOffsets,
     /// Reservations this call created that no successful commit recorded yet,
     /// by name: kept across a conflict for the retry, deleted when the retry plans
     /// other addresses, when a commit fails otherwise, and on drop.
@@ -93,7 +93,7 @@ pub(super) fn begin<'s>(store: &'s KubernetesStore, pools: &[PoolId], purpose: P
         deadline,
         read: HashMap::new(),
         read_revisions: HashMap::new(),
-        reserved: HashMap::new(),
+        reserved: ReservedOffsets::default(),
         held: HashMap::new(),
         reuse_reads: false,
         races_lost: 0,
@@ -188,7 +188,7 @@ impl Transaction for KubeTransaction<'_> {
             };
             // The reservations taken so far stay for the retry (see `held`),
             // which plans again on the reads it has (see `load`).
-            self.reserved.entry(pool).or_default().insert(holder.offset);
+            self.reserved.add(&pool, [holder.offset]);
             self.reuse_reads = true;
             return Ok(Outcome::Retry(refused));
         }
@@ -277,7 +277,13 @@ impl KubeTransaction<'_> {
     /// before the pool shows their entries. A pool write (success or conflict)
     /// drops the read.
     fn load_one(&mut self, pool: &PoolId) -> Result<Pool, DatastoreError> {
-        let reserved = self.reserved.get(&pool.name).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        let reserved = self.reserved.of(&pool.name);
+        let as_read = |object: &PoolObject, reserved| Pool {
+            version: Version(object.resource_version.clone()),
+            entries: object.entries.clone(),
+            reserved,
+            ..Pool::default()
+        };
         if self.reuse_reads
             && let Some(object) = self.read.get(&pool.name)
         {
@@ -285,11 +291,11 @@ impl KubeTransaction<'_> {
                 "IPPool {}: planning again on the read of version {} (a reservation was taken, not the pool)",
                 pool.name, object.resource_version
             ));
-            return Ok(Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone(), reserved, ..Pool::default() });
+            return Ok(as_read(object, reserved));
         }
         match self.read_pool(pool, self.deadline)? {
             Some(object) => {
-                let loaded = Pool { version: Version(object.resource_version.clone()), entries: object.entries.clone(), reserved, ..Pool::default() };
+                let loaded = as_read(&object, reserved);
                 self.read.insert(pool.name.clone(), object);
                 Ok(loaded)
             }
@@ -480,7 +486,7 @@ impl KubeTransaction<'_> {
             // is gone or someone else's), or the pool was deleted since.
             Reply::Status(s) if failure::is_failed_test(&s) || s.code == 409 || failure::is_object_not_found(&s, name) => conflict(),
             Reply::Status(s) if failure::is_too_large(&s) => {
-                let entries = read.entries.len() + update.changes.iter().filter(|c| matches!(c, Change::Insert(_))).count();
+                let entries = read.entries.len() + update.inserts();
                 Err(DatastoreError::PoolTooLarge { object: format!("IPPool {}/{name}", self.store.namespace), entries })
             }
             Reply::Status(s) => Err(self.store.status_error(&s, &action)),
