@@ -101,9 +101,9 @@ impl Changes {
 }
 
 /// Runs one read-plan-commit cycle until it commits: `plan` gets the pools as
-/// loaded and the number of conflicts met so far (the engine's `contention`:
-/// after a lost race, contenders spread over more free addresses instead of all
-/// planning the lowest one again) and returns no updates when there is nothing
+/// loaded and the number of conflicts met so far, or since the transaction got
+/// its turn (the engine's `contention`: after a lost race, contenders spread
+/// over more free addresses instead of all planning the lowest one again) and returns no updates when there is nothing
 /// to commit. The retry policy lives here alone: a [`Retry::Reserved`] is
 /// planned around at once, a [`Retry::Conflict`] after a jittered pause (the
 /// store's [`Capabilities::conflict_pauses`](crate::datastore::Capabilities)),
@@ -118,9 +118,11 @@ fn until_committed<T>(
 ) -> Result<T, IpamError> {
     let mut backoff = crate::datastore::retry::Backoff::between(pauses.0, pauses.1);
     let mut conflicts = 0u32;
+    // Conflicts since the call last waited for its turn: what the plan spreads by.
+    let mut contention = 0u32;
     loop {
         let loaded = load_all(tx, pools)?;
-        let (value, updates) = plan(&loaded, conflicts)?;
+        let (value, updates) = plan(&loaded, contention)?;
         if updates.is_empty() {
             return Ok(value);
         }
@@ -140,7 +142,16 @@ fn until_committed<T>(
             Outcome::Retry(Retry::Conflict { pool }) => {
                 conflicts += 1;
                 crate::logging::debug(format!("{what}: pool {pool} changed concurrently; planning again"));
-                if !backoff.pause(deadline) {
+                let out_of_time = if tx.serialized() {
+                    // It waited for its turn: the next attempt meets (nearly)
+                    // nobody, so it plans the lowest free addresses at once.
+                    contention = 0;
+                    Instant::now() >= deadline
+                } else {
+                    contention += 1;
+                    !backoff.pause(deadline)
+                };
+                if out_of_time {
                     return Err(DatastoreError::Timeout { what: format!("{what} ({conflicts} conflicting updates)") }.into());
                 }
             }

@@ -25,6 +25,12 @@ impl ClientRuntime {
         self.0.block_on(async { tokio::time::timeout(limit, request).await }).ok()
     }
 
+    /// Runs `task` in the background: it makes progress while the runtime runs
+    /// any other work (a current-thread runtime runs only inside `block_on`).
+    pub fn spawn<F: Future<Output = ()> + Send + 'static>(&self, task: F) -> tokio::task::AbortHandle {
+        self.0.spawn(task).abort_handle()
+    }
+
     /// Inside the runtime (a client spawns its dispatcher task where it is made).
     #[cfg(test)]
     pub fn enter(&self) -> tokio::runtime::EnterGuard<'_> {

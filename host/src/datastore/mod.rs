@@ -317,6 +317,13 @@ pub trait Transaction {
     ///   call lands or none does (see [`etcd`]).
     fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError>;
 
+    /// Whether this transaction now takes its turn alone on its pools (after a
+    /// lost race, kubernetes waits for one: `kubernetes/turn.rs`): its next
+    /// attempt then needs no pause and no spreading over the free addresses.
+    fn serialized(&self) -> bool {
+        false
+    }
+
     /// [`Purpose::Release`] only, after the DEL's commit: frees what the
     /// attachment still holds outside the pools, and returns how many.
     /// Kubernetes: reservations an ADD made and could not delete before it

@@ -1,5 +1,6 @@
-//! The apiserver's own request counters for the whereabouts resources, read
-//! from its `/metrics`: benchmark figures (`bench_k8s_burst`), not assertions.
+//! The apiserver's own request counters for the resources an IPAM plugin
+//! uses, read from its `/metrics`: benchmark figures (`bench_k8s_burst`), not
+//! assertions.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -8,8 +9,8 @@ use anyhow::{Context, Result, bail};
 
 use crate::plugin::GROUP_VERSION;
 
-/// What the apiserver counted for the whereabouts resources (group
-/// `whereabouts.cni.cncf.io`) in its `/metrics`, summed over the other labels:
+/// What the apiserver counted for the resources of [`counted_group`] in its
+/// `/metrics`, summed over the other labels:
 ///
 /// * `requests`: `apiserver_request_total` by (verb, resource, code): every
 ///   request that reached it;
@@ -26,14 +27,20 @@ pub struct RequestCounts {
     pub seconds: BTreeMap<(String, String), f64>,
 }
 
-/// The samples of metric `name` whose `group` label is the whereabouts group.
+/// Whether an API group is counted: the pools' and reservations', and Leases',
+/// which whereabouts takes for its global lock and thereabouts for its turns
+/// (the apiserver's own identity Lease adds one renewal per 10 s).
+pub fn counted_group(group: &str) -> bool {
+    group == "coordination.k8s.io" || GROUP_VERSION.split('/').next() == Some(group)
+}
+
+/// The samples of metric `name` whose `group` label is a [`counted_group`].
 fn group_samples<'a>(metrics: &'a str, name: &'a str) -> impl Iterator<Item = (HashMap<String, String>, f64)> + 'a {
-    let group = GROUP_VERSION.split('/').next().unwrap();
     metrics.lines().filter_map(move |line| {
         let rest = line.strip_prefix(name)?.strip_prefix('{')?;
         let (labels, value) = rest.rsplit_once("} ")?;
         let labels = parse_labels(labels);
-        if labels.get("group").map(String::as_str) != Some(group) {
+        if !labels.get("group").is_some_and(|g| counted_group(g)) {
             return None;
         }
         Some((labels, value.trim().parse::<f64>().ok()?))

@@ -7,7 +7,8 @@
 //!   create/get/list/delete) in kube-system, and gets 403 for everything else: other
 //!   verbs on the same kinds (PUT, delete and watch pools; patch, watch and PUT
 //!   reservations; deletecollection), the same kinds in other namespaces, secrets,
-//!   namespaces, pods, nodes, leases, CRDs, RBAC objects.
+//!   namespaces, pods, nodes, CRDs, RBAC objects; Leases (turn tickets) only to
+//!   create, list, watch, patch and delete in kube-system.
 //!   The kubeconfig written by `deploy/install-cni.sh` from the plugin's token and
 //!   the cluster CA authenticates against the apiserver and lands in kube-system.
 //! * `manifests_pass_strict_server_side_validation`: every object of `rbac.yaml`,
@@ -217,10 +218,23 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     forbidden("list pods (all)", Api::<Pod>::all(plugin.clone()).list(&lp).await);
     forbidden("list pods in kube-system", Api::<Pod>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
     forbidden("list configmaps in kube-system", Api::<ConfigMap>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
-    forbidden("list leases in kube-system", Api::<Lease>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
+    // Leases: the turn tickets in kube-system (create, list, watch, patch to
+    // renew, delete), nothing more, and nothing elsewhere.
+    let leases = Api::<Lease>::namespaced(plugin.clone(), NAMESPACE);
+    let ticket: Lease = serde_json::from_value(json!({"metadata": {"generateName": "thereabouts-turn-", "labels": {"thereabouts.io/turn": "pools"}}})).unwrap();
+    let ticket = allowed("create a turn ticket", leases.create(&PostParams::default(), &ticket).await);
+    let name = ticket.metadata.name.clone().unwrap();
+    allowed("list turn tickets", leases.list(&ListParams::default().labels("thereabouts.io/turn=pools")).await);
+    allowed("watch a turn ticket", leases.watch(&WatchParams::default().fields(&format!("metadata.name={name}")).timeout(1), "0").await.map(|_| ()));
+    allowed("renew a turn ticket", leases.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"leaseDurationSeconds": 2}}))).await);
+    forbidden("get a lease", leases.get(&name).await);
+    forbidden("PUT a lease", leases.replace(&name, &PostParams::default(), &ticket).await);
+    forbidden("delete all leases", leases.delete_collection(&DeleteParams::default(), &ListParams::default()).await);
+    allowed("delete a turn ticket", leases.delete(&name, &DeleteParams::default()).await);
+    forbidden("list leases in default", Api::<Lease>::namespaced(plugin.clone(), "default").list(&lp).await);
     forbidden(
-        "create a lease in kube-system",
-        Api::<Lease>::namespaced(plugin.clone(), NAMESPACE)
+        "create a lease in default",
+        Api::<Lease>::namespaced(plugin.clone(), "default")
             .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "whereabouts"}})).unwrap())
             .await,
     );

@@ -22,6 +22,7 @@ pub mod patch;
 #[cfg(test)]
 mod tests;
 mod transaction;
+mod turn;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -55,6 +56,7 @@ const CLEANUP_GRACE: Duration = Duration::from_secs(2);
 
 const JSON_PATCH: &str = "application/json-patch+json";
 const JSON: &str = "application/json";
+const JSON_MERGE_PATCH: &str = "application/merge-patch+json";
 
 pub struct KubernetesStore {
     runtime: ClientRuntime,
@@ -155,7 +157,7 @@ impl KubernetesStore {
                 None => Vec::new(),
             };
             let request = request.body(bytes).map_err(|e| self.rejected(action, format!("cannot build the request: {e}")))?;
-            let number = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
+            let number = self.count_request();
             let started = Instant::now();
             let outcome = self.runtime.within(limit, self.client.request_text(request));
             let took = started.elapsed();
@@ -202,6 +204,11 @@ impl KubernetesStore {
                 }
             }
         }
+    }
+
+    /// Counts one more request sent; returns its number.
+    fn count_request(&self) -> u32 {
+        self.requests.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     fn failure(&self, class: Class, action: &str, detail: String) -> DatastoreError {

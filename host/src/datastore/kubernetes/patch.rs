@@ -16,10 +16,15 @@
 //! - a missing or null `spec.allocations` is tested `null` before the `add {}`
 //!   that creates it: an `add` would replace a map someone created meanwhile.
 //!
-//! There is no `test` of `metadata.resourceVersion` (whereabouts has one): writes
-//! to other entries since the read change nothing this plan relied on, so they
-//! must not make it fail. Why this is safe next to whereabouts:
-//! `docs/datastores.md`, "Why per-entry compare-and-swap is safe".
+//! A call's first attempt also tests `metadata.resourceVersion` as read
+//! (`fail_fast`). Not for safety (the entry tests are the compare-and-swap),
+//! for cost: without it the apiserver re-applies a patch each time another
+//! write landed first, a full write attempt each time, quadratic in the writers
+//! of a burst. With it a patch against a moved pool fails at once (422), and
+//! the call takes a turn ([`super::turn`]) before it tries again. In its turn
+//! the test is left out: writes to other entries since the read change nothing
+//! the plan relied on, so they must not make it fail. Why this is safe next to
+//! whereabouts: `docs/datastores.md`, "Why per-entry compare-and-swap is safe".
 //! Everything else in the object is left alone.
 
 use std::collections::BTreeMap;
@@ -34,13 +39,17 @@ use crate::datastore::{Change, apply_changes};
 const ALLOCATIONS: &str = "/spec/allocations";
 
 /// The patch applying `changes` to `pool` (as read), each change guarded by a
-/// `test` of the entry it touches. Reservation changes add no operation.
-pub fn update(pool: &PoolObject, changes: &[Change]) -> Result<Value, String> {
+/// `test` of the entry it touches, and first by a `test` of the version read
+/// when `fail_fast`. Reservation changes add no operation.
+pub fn update(pool: &PoolObject, changes: &[Change], fail_fast: bool) -> Result<Value, String> {
     // The shared meaning of the changes, on the entries as read: a change that
     // contradicts them is refused here exactly as the other stores refuse it.
     let mut entries: BTreeMap<u128, Allocation> = pool.entries.iter().map(|a| (a.offset, a.clone())).collect();
     apply_changes(&mut entries, changes)?;
-    let mut ops = Vec::with_capacity(changes.len() * 2 + 2);
+    let mut ops = Vec::with_capacity(changes.len() * 2 + 3);
+    if fail_fast {
+        ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": pool.resource_version}));
+    }
     let inserts = changes.iter().any(|c| matches!(c, Change::Insert(_)));
     if inserts && !pool.has_allocations {
         // Missing or null: an `add` creates (or replaces) the member, so only
@@ -124,7 +133,8 @@ mod tests {
     #[test]
     fn insert_is_guarded_like_whereabouts() {
         // Only the entry's own absence is tested: the resourceVersion is not.
-        let patch = update(&pool(&[(1, "1")]), &[Change::Reserve { name: "192.0.2.2".into(), holder: alloc(2, "c") }, Change::Insert(alloc(2, "c"))]).unwrap();
+        let patch =
+            update(&pool(&[(1, "1")]), &[Change::Reserve { name: "192.0.2.2".into(), holder: alloc(2, "c") }, Change::Insert(alloc(2, "c"))], false).unwrap();
         assert_eq!(
             patch,
             json!([
@@ -135,10 +145,17 @@ mod tests {
     }
 
     #[test]
+    fn a_first_attempt_tests_the_version_read_before_anything_else() {
+        let patch = update(&pool(&[]), &[Change::Insert(alloc(2, "c"))], true).unwrap();
+        assert_eq!(patch[0], json!({"op": "test", "path": "/metadata/resourceVersion", "value": "41"}));
+        assert_eq!(patch.as_array().unwrap().len(), 3);
+    }
+
+    #[test]
     fn a_missing_allocations_map_is_added_first_only_while_missing() {
         let mut bare = pool(&[]);
         bare.has_allocations = false;
-        let patch = update(&bare, &[Change::Insert(alloc(3, "c"))]).unwrap();
+        let patch = update(&bare, &[Change::Insert(alloc(3, "c"))], false).unwrap();
         assert_eq!(patch[0], json!({"op": "test", "path": "/spec/allocations", "value": null}));
         assert_eq!(patch[1], json!({"op": "add", "path": "/spec/allocations", "value": {}}));
         assert_eq!(patch.as_array().unwrap().len(), 4);
@@ -147,7 +164,7 @@ mod tests {
     #[test]
     fn an_offset_whereabouts_writes_as_a_negative_key_is_tested_under_both_keys() {
         let offset = 0xcaa5_0000_0000_0001u128;
-        let patch = update(&pool(&[]), &[Change::Insert(alloc(offset, "c"))]).unwrap();
+        let patch = update(&pool(&[]), &[Change::Insert(alloc(offset, "c"))], false).unwrap();
         assert_eq!(patch[0], json!({"op": "test", "path": "/spec/allocations/-3844666706890850303", "value": null}));
         assert_eq!(patch[1], json!({"op": "test", "path": "/spec/allocations/14602077366818701313", "value": null}));
         assert_eq!(patch.as_array().unwrap().len(), 3);
@@ -170,6 +187,7 @@ mod tests {
                 Change::Remove { offset: 7 },
                 Change::Unreserve { name: "x".into(), holder: alloc(5, "c") },
             ],
+            false,
         )
         .unwrap();
         assert_eq!(
@@ -187,9 +205,9 @@ mod tests {
 
     #[test]
     fn changes_that_contradict_the_pool_are_refused() {
-        assert!(update(&pool(&[(2, "2")]), &[Change::Insert(alloc(2, "c"))]).unwrap_err().contains("already allocated"));
-        assert!(update(&pool(&[]), &[Change::Remove { offset: 9 }]).unwrap_err().contains("offset 9"));
-        assert!(update(&pool(&[]), &[Change::SetContainerId { offset: 9, container_id: "x".into() }]).is_err());
+        assert!(update(&pool(&[(2, "2")]), &[Change::Insert(alloc(2, "c"))], false).unwrap_err().contains("already allocated"));
+        assert!(update(&pool(&[]), &[Change::Remove { offset: 9 }], false).unwrap_err().contains("offset 9"));
+        assert!(update(&pool(&[]), &[Change::SetContainerId { offset: 9, container_id: "x".into() }], false).is_err());
     }
 
     #[test]

@@ -71,6 +71,17 @@ fn reserved(r: Result<Outcome, DatastoreError>) -> bool {
     matches!(r, Ok(Outcome::Retry(Retry::Reserved { .. })))
 }
 
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
+
+/// A turn ticket for `pools` as the apiserver returns it (created or listed).
+fn ticket(name: &str, rv: &str, pools: &str) -> Value {
+    json!({"metadata": {"name": name, "resourceVersion": rv, "annotations": {turn::POOLS_ANNOTATION: pools}}})
+}
+
+fn tickets(items: Vec<Value>) -> Answer {
+    Answer::Ok(json!({"metadata": {"resourceVersion": "100"}, "items": items}))
+}
+
 fn uid_precondition(uid: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}})
 }
@@ -99,9 +110,14 @@ fn add_reads_reserves_then_writes_the_pool() {
         ]
     );
     assert_eq!(log.body(2), crd::new_reservation("192.0.2.2", "ns", &b));
+    // A first attempt fails fast: the version read is tested first.
     assert_eq!(
         log.body(4),
-        json!([{"op": "test", "path": "/spec/allocations/2", "value": null}, {"op": "add", "path": "/spec/allocations/2", "value": entry("c2", "b")}])
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "10"},
+            {"op": "test", "path": "/spec/allocations/2", "value": null},
+            {"op": "add", "path": "/spec/allocations/2", "value": entry("c2", "b")}
+        ])
     );
     assert_eq!(log.body(5)["spec"], json!({"range": "198.51.100.0/24", "allocations": {"2": entry("c2", "b")}}));
     // Committed: nothing is left to free when the call ends.
@@ -116,44 +132,61 @@ fn add_reads_reserves_then_writes_the_pool() {
 }
 
 #[test]
-fn add_after_a_lost_pool_race_reads_again_and_reuses_its_reservation() {
+fn add_after_a_lost_pool_race_frees_its_reservation_takes_its_turn_and_reuses_reservations_in_it() {
     let p = pool("192.0.2.0/24");
     let a = alloc(1, "c1", "a");
-    let (s, log, script) = store("ns", vec![empty_list("5"), created("u1"), Answer::Status(409, "AlreadyExists", Value::Null)]);
+    let (s, log, script) = store(
+        "ns",
+        vec![empty_list("5"), created("u1"), Answer::Status(409, "AlreadyExists", Value::Null), ok(), Answer::Ok(ticket("t1", "20", &p.name)), tickets(vec![])],
+    );
     let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
     tx.load().unwrap();
-    // Someone created the pool first (409): a conflict; the reservation stays.
+    // Someone created the pool first (409): a conflict. The reservation goes
+    // (those whose turn comes first would plan into it), and the call takes its
+    // turn (nobody ahead of it).
     assert!(conflict(tx.commit(&[PoolUpdate { expected: Version::absent(), ..add(&p, "", "192.0.2.1", &a) }])));
+    assert!(tx.serialized());
     // Planned .1 again on the new read, and its entry's test fails (422).
-    script.then(vec![listed(&p, "6", "6", json!({"2": entry("c8", "y")})), Answer::Status(422, "Invalid", Value::Null)]);
+    script.then(vec![listed(&p, "6", "6", json!({"2": entry("c8", "y")})), created("u2"), Answer::Status(422, "Invalid", Value::Null)]);
     tx.load().unwrap();
     assert!(conflict(tx.commit(&[add(&p, "6", "192.0.2.1", &a)])));
-    // c9 got .1: planned around it, the reservation of .1 is freed first.
-    script.then(vec![listed(&p, "7", "7", json!({"1": entry("c9", "z"), "2": entry("c8", "y")})), ok(), created("u3"), ok()]);
+    // c9 got .1: planned around it; in its turn the reservation was kept for
+    // the retry, and is freed first now that the plan does not use it.
+    script.then(vec![listed(&p, "7", "7", json!({"1": entry("c9", "z"), "2": entry("c8", "y")})), ok(), created("u3"), ok(), ok()]);
     tx.load().unwrap();
     assert_eq!(tx.commit(&[add(&p, "7", "192.0.2.3", &alloc(3, "c1", "a"))]).unwrap(), Outcome::Committed);
+    assert!(!tx.serialized());
     let (post, patch) = (format!("POST {API}/overlappingrangeipreservations"), format!("PATCH {API}/ippools/192.0.2.0-24"));
+    let delete = format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1");
     assert_eq!(
         log.lines(),
         [
             format!("GET {}", list_path(&p)),
             post.clone(),
             format!("POST {API}/ippools"),
+            delete.clone(),
+            format!("POST {LEASES}"),
+            format!("GET {LEASES}?labelSelector=thereabouts.io%2Fturn%3Dpools"),
             format!("GET {}", list_path(&p)),
-            // The reservation of the first attempt serves: no request.
+            post.clone(),
             patch.clone(),
             format!("GET {}", list_path(&p)),
-            format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1"),
+            delete,
             post,
             patch,
+            // Committed: the turn ends.
+            format!("DELETE {LEASES}/t1"),
         ]
     );
-    assert_eq!(log.body(4)[0], json!({"op": "test", "path": "/spec/allocations/1", "value": null}));
-    assert_eq!(log.body(6), uid_precondition("u1"));
+    assert_eq!(log.body(3), uid_precondition("u1"));
+    assert_eq!(log.body(4)["metadata"]["annotations"][turn::POOLS_ANNOTATION], p.name.as_str());
+    // In its turn a patch is re-applied by the apiserver, not failed fast.
+    assert_eq!(log.body(8)[0], json!({"op": "test", "path": "/spec/allocations/1", "value": null}));
+    assert_eq!(log.body(10), uid_precondition("u2"));
 }
 
 #[test]
-fn add_after_a_lost_reservation_race_plans_again_on_the_same_read() {
+fn add_after_a_lost_reservation_race_takes_its_turn_then_plans_around_taken_reservations_on_one_read() {
     let p = pool("192.0.2.0/24");
     let a = alloc(1, "c1", "a");
     let racer = alloc(1, "c9", "z");
@@ -168,14 +201,17 @@ fn add_after_a_lost_reservation_race_plans_again_on_the_same_read() {
     );
     let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
     tx.load().unwrap();
+    // The race lost: the call waits for its turn, then reads the pool again.
+    script.then(vec![Answer::Ok(ticket("t1", "20", &p.name)), tickets(vec![]), listed(&p, "11", "21", json!({}))]);
     assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
-    // No new read of the pool; a second taken reservation is not read either.
     let again = tx.load().unwrap().remove(0);
-    assert_eq!((again.version, again.reserved), (Version("10".into()), vec![1]));
-    script.then(vec![Answer::Status(409, "AlreadyExists", Value::Null), created("u3"), ok()]);
-    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.2", &alloc(2, "c1", "a"))])));
+    assert_eq!((again.version, again.reserved), (Version("11".into()), vec![1]));
+    // In its turn a taken reservation refuses nothing of the pool: no new
+    // read, and the reservation is not read either (a race was lost already).
+    script.then(vec![Answer::Status(409, "AlreadyExists", Value::Null), created("u3"), ok(), ok()]);
+    assert!(conflict(tx.commit(&[add(&p, "11", "192.0.2.2", &alloc(2, "c1", "a"))])));
     assert_eq!(tx.load().unwrap()[0].reserved, [1, 2]);
-    tx.commit(&[add(&p, "10", "192.0.2.3", &alloc(3, "c1", "a"))]).unwrap();
+    tx.commit(&[add(&p, "11", "192.0.2.3", &alloc(3, "c1", "a"))]).unwrap();
     let post = format!("POST {API}/overlappingrangeipreservations");
     assert_eq!(
         log.lines(),
@@ -183,9 +219,13 @@ fn add_after_a_lost_reservation_race_plans_again_on_the_same_read() {
             format!("GET {}", list_path(&p)),
             post.clone(),
             format!("GET {API}/overlappingrangeipreservations/192.0.2.1"),
+            format!("POST {LEASES}"),
+            format!("GET {LEASES}?labelSelector=thereabouts.io%2Fturn%3Dpools"),
+            format!("GET {}", list_path(&p)),
             post.clone(),
             post,
-            format!("PATCH {API}/ippools/192.0.2.0-24")
+            format!("PATCH {API}/ippools/192.0.2.0-24"),
+            format!("DELETE {LEASES}/t1"),
         ]
     );
 }
@@ -312,7 +352,14 @@ fn del_frees_its_entries_reservations_and_its_leftovers_but_not_what_its_pod_sti
             reservation("DELETE", "192.0.2.9"),
         ]
     );
-    assert_eq!(log.body(3), json!([{"op": "test", "path": "/spec/allocations/1/id", "value": "c1"}, {"op": "remove", "path": "/spec/allocations/1"}]));
+    assert_eq!(
+        log.body(3),
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "10"},
+            {"op": "test", "path": "/spec/allocations/1/id", "value": "c1"},
+            {"op": "remove", "path": "/spec/allocations/1"}
+        ])
+    );
     assert_eq!([log.body(5), log.body(7), log.body(8)], [uid_precondition("u1"), uid_precondition("w1"), uid_precondition("u9")]);
 }
 
@@ -387,4 +434,91 @@ fn a_pool_the_apiserver_refuses_as_too_large_is_full_and_frees_its_reservation()
     assert!(e.to_string().contains("--max-request-bytes"), "{e}");
     // Refused, not lost: the reservation of the address goes at once.
     assert_eq!(log.lines()[3], format!("DELETE {API}/overlappingrangeipreservations/2001-db8--3"));
+}
+
+#[test]
+fn a_lost_race_waits_for_the_ticket_ahead_to_go() {
+    let p = pool("192.0.2.0/24");
+    let a = alloc(1, "c1", "a");
+    let deleted = Answer::Ok(json!({"type": "DELETED", "object": ticket("t0", "19", &p.name)}));
+    let (s, log, _) = store(
+        "ns",
+        vec![
+            listed(&p, "10", "12", json!({})),
+            created("u1"),
+            // The pool moved since the read: the version test fails at once.
+            Answer::Status(422, "Invalid", json!({"causes": [{"message": "testing value /metadata/resourceVersion failed"}]})),
+            ok(),
+            Answer::Ok(ticket("t1", "20", &p.name)),
+            // Ahead: t0 (same pool, older); not t2 (newer) nor t9 (another pool).
+            tickets(vec![ticket("t0", "19", &p.name), ticket("t2", "21", &p.name), ticket("t9", "18", "other")]),
+            deleted,
+            ok(),
+        ],
+    );
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
+    assert!(tx.serialized());
+    assert_eq!(log.lines()[3], format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1"));
+    assert_eq!(log.lines()[6], format!("GET {LEASES}?watch=true&fieldSelector=metadata.name%3Dt0&resourceVersion=100&timeoutSeconds=1"));
+    drop(tx);
+    // The turn ends with the call.
+    assert_eq!(log.lines()[7..], [format!("DELETE {LEASES}/t1")]);
+}
+
+#[test]
+fn a_queue_that_shows_no_sign_of_life_loses_its_head() {
+    let p = pool("192.0.2.0/24");
+    let a = alloc(1, "c1", "a");
+    let stuck = || tickets(vec![ticket("t0", "19", &p.name)]);
+    let (s, log, _) = store(
+        "ns",
+        vec![
+            listed(&p, "10", "12", json!({})),
+            created("u1"),
+            Answer::Status(409, "Conflict", Value::Null),
+            ok(),
+            Answer::Ok(ticket("t1", "20", &p.name)),
+            stuck(),
+            Answer::Silent,
+            stuck(),
+            ok(),
+            tickets(vec![]),
+            ok(),
+        ],
+    );
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
+    assert!(tx.serialized());
+    // Unchanged for a whole STALL: deleted, only as it was seen.
+    assert_eq!(log.lines()[8], format!("DELETE {LEASES}/t0"));
+    assert_eq!(log.body(8), json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": "19"}}));
+}
+
+#[test]
+fn without_the_right_to_leases_a_lost_race_goes_on_without_a_turn() {
+    let p = pool("192.0.2.0/24");
+    let a = alloc(1, "c1", "a");
+    let (s, log, script) = store(
+        "ns",
+        vec![
+            listed(&p, "10", "12", json!({})),
+            created("u1"),
+            Answer::Status(409, "Conflict", Value::Null),
+            ok(),
+            Answer::Status(403, "Forbidden", Value::Null),
+        ],
+    );
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
+    assert!(!tx.serialized());
+    script.then(vec![listed(&p, "11", "13", json!({})), created("u2"), ok()]);
+    tx.load().unwrap();
+    assert_eq!(tx.commit(&[add(&p, "11", "192.0.2.1", &a)]).unwrap(), Outcome::Committed);
+    // The patch is then re-applied inside the apiserver: no version test.
+    assert_eq!(log.lines()[7], format!("PATCH {API}/ippools/192.0.2.0-24"));
+    assert_eq!(log.body(7)[0], json!({"op": "test", "path": "/spec/allocations/1", "value": null}));
 }

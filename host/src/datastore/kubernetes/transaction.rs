@@ -11,6 +11,7 @@ use serde_json::Value;
 use thereabouts_allocator::model::Allocation;
 
 use super::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
+use super::turn::{self, Turn};
 use super::{CLEANUP_GRACE, JSON, JSON_PATCH, KubernetesStore, REQUEST_TIMEOUT, Reply, THROTTLE_RETRIES, WRITE_TIMEOUT, failure, patch};
 use crate::datastore::{Change, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, ReservedOffsets, Retry, Transaction, Version};
 use crate::logging;
@@ -39,6 +40,20 @@ pub(super) struct KubeTransaction<'s> {
     /// ([`Purpose::Release`]), by name; the ones the DEL frees through pool
     /// entries leave the map, the rest are leftovers for `free_leftovers`.
     releasing: Option<Releasing>,
+    /// Where the call stands with turns ([`turn`]).
+    turn: TurnState,
+}
+
+/// See [`KubeTransaction::turn`].
+enum TurnState {
+    /// No race lost yet: attempts fail fast (their pool patches test the
+    /// version read) instead of being re-applied inside the apiserver.
+    NotYet,
+    /// A race was lost, and this call now holds its turn on its pools.
+    Holding(Turn),
+    /// A race was lost and no turn could be had (or it ended): attempts are
+    /// re-applied inside the apiserver, as before turns existed.
+    Without,
 }
 
 /// See [`KubeTransaction::releasing`].
@@ -98,6 +113,7 @@ pub(super) fn begin<'s>(store: &'s KubernetesStore, pools: &[PoolId], purpose: P
         reuse_reads: false,
         races_lost: 0,
         releasing,
+        turn: TurnState::NotYet,
     })
 }
 
@@ -136,7 +152,66 @@ impl Transaction for KubeTransaction<'_> {
         pools.iter().map(|pool| self.load_one(pool)).collect()
     }
 
+    /// One attempt; after the first lost race, waits for this call's turn on
+    /// its pools before it returns the [`Retry`] (see [`turn`]).
     fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
+        let outcome = self.attempt(updates)?;
+        if matches!(outcome, Outcome::Retry(Retry::Conflict { .. })) && matches!(self.turn, TurnState::NotYet) {
+            // What this attempt reserved goes before the wait: the calls whose
+            // turn comes first would otherwise plan into it and lose, one
+            // reservation race per address held by a waiter.
+            self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE));
+            self.turn = match turn::take(self.store, &self.pools, &self.holder_identity(updates), self.deadline) {
+                Some(turn) => TurnState::Holding(turn),
+                None => TurnState::Without,
+            };
+            // Others committed while this call waited: plan on a new read.
+            self.reuse_reads = false;
+        }
+        Ok(outcome)
+    }
+
+    fn serialized(&self) -> bool {
+        matches!(self.turn, TurnState::Holding(_))
+    }
+
+    fn free_leftovers(&mut self, in_use: &[String]) -> Result<usize, DatastoreError> {
+        let Some(releasing) = self.releasing.take() else { return Ok(0) };
+        let mut freed = 0;
+        for (name, r) in &releasing.labelled {
+            // The label is a hash: free only what this exact attachment made.
+            if !r.is_made_by(&releasing.container_id, &releasing.ifname) {
+                continue;
+            }
+            // Made by this container, but its entry now names a newer container
+            // of the pod, which still relies on it (the label is never updated).
+            if in_use.contains(name) {
+                logging::debug(format!("reservation {name}: made by this attachment, still guards its pod's entry; kept"));
+                continue;
+            }
+            logging::debug(format!("reservation {name}: made by this attachment, no pool entry of it left; deleting"));
+            self.store.delete_reservation(name, &r.uid, self.deadline.max(Instant::now() + CLEANUP_GRACE))?;
+            freed += 1;
+        }
+        Ok(freed)
+    }
+}
+
+impl Drop for KubeTransaction<'_> {
+    /// The end of the cycle, however it went: the reservations this call made
+    /// for addresses no commit recorded go, for a retry that will not come.
+    fn drop(&mut self) {
+        if !self.held.is_empty() {
+            self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE));
+        }
+        self.end_turn();
+    }
+}
+
+impl KubeTransaction<'_> {
+    /// One attempt of [`Transaction::commit`]: reservations, then pools, then
+    /// the reservations of removed entries.
+    fn attempt(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
         let deadline = self.deadline;
         let updates: Vec<&PoolUpdate> = updates.iter().filter(|u| !u.changes.is_empty()).collect();
         let cleanup_deadline = || deadline.max(Instant::now() + CLEANUP_GRACE);
@@ -230,6 +305,8 @@ impl Transaction for KubeTransaction<'_> {
         // Every reservation of this plan now backs a committed entry.
         self.held.retain(|name, _| !planned.contains(name.as_str()));
         self.reuse_reads = false;
+        // The pools are written: the next in the queue may go.
+        self.end_turn();
 
         // 3. Reservations of removed entries. The pools no longer hold the
         // addresses; a reservation left behind only blocks its address.
@@ -237,39 +314,27 @@ impl Transaction for KubeTransaction<'_> {
         Ok(Outcome::Committed)
     }
 
-    fn free_leftovers(&mut self, in_use: &[String]) -> Result<usize, DatastoreError> {
-        let Some(releasing) = self.releasing.take() else { return Ok(0) };
-        let mut freed = 0;
-        for (name, r) in &releasing.labelled {
-            // The label is a hash: free only what this exact attachment made.
-            if !r.is_made_by(&releasing.container_id, &releasing.ifname) {
-                continue;
-            }
-            // Made by this container, but its entry now names a newer container
-            // of the pod, which still relies on it (the label is never updated).
-            if in_use.contains(name) {
-                logging::debug(format!("reservation {name}: made by this attachment, still guards its pod's entry; kept"));
-                continue;
-            }
-            logging::debug(format!("reservation {name}: made by this attachment, no pool entry of it left; deleting"));
-            self.store.delete_reservation(name, &r.uid, self.deadline.max(Instant::now() + CLEANUP_GRACE))?;
-            freed += 1;
-        }
-        Ok(freed)
-    }
-}
-
-impl Drop for KubeTransaction<'_> {
-    /// The end of the cycle, however it went: the reservations this call made
-    /// for addresses no commit recorded go, for a retry that will not come.
-    fn drop(&mut self) {
-        if !self.held.is_empty() {
-            self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE));
+    /// Ends the turn this call holds, if any: later attempts go without one.
+    fn end_turn(&mut self) {
+        if let TurnState::Holding(held) = std::mem::replace(&mut self.turn, TurnState::Without) {
+            turn::end(self.store, held);
         }
     }
-}
 
-impl KubeTransaction<'_> {
+    /// Who a turn ticket names, for people reading the queue: the attachment
+    /// being committed.
+    fn holder_identity(&self, updates: &[PoolUpdate]) -> String {
+        let committing = updates.iter().flat_map(|u| &u.changes).find_map(|c| match c {
+            Change::Insert(a) | Change::Reserve { holder: a, .. } | Change::Unreserve { holder: a, .. } => Some(a),
+            Change::Remove { .. } | Change::SetContainerId { .. } => None,
+        });
+        match (committing, &self.releasing) {
+            (Some(a), _) => format!("{} container {} interface {}", a.pod_ref, a.container_id, a.ifname),
+            (None, Some(r)) => format!("container {} interface {}", r.container_id, r.ifname),
+            (None, None) => format!("process {}", std::process::id()),
+        }
+    }
+
     /// One pool for `load`. After a lost reservation race the pool itself
     /// refused nothing: plan again on the object read (the address lost is in
     /// `reserved` now). Its entry guards make a stale read safe, and it knows
@@ -470,7 +535,8 @@ impl KubeTransaction<'_> {
         }
         let read = self.read.get(name).filter(|p| p.resource_version == update.expected.0).cloned();
         let read = read.ok_or_else(|| inconsistent(format!("commit against version {:?}, which this process did not read", update.expected.0)))?;
-        let patch = patch::update(&read, &update.changes).map_err(inconsistent)?;
+        let fail_fast = matches!(self.turn, TurnState::NotYet);
+        let patch = patch::update(&read, &update.changes, fail_fast).map_err(inconsistent)?;
         let action = format!("patching IPPool {}/{name}", self.store.namespace);
         let result = match self.store.call_within(
             Method::PATCH,

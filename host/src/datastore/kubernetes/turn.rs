@@ -1,0 +1,303 @@
+//! Taking turns on a set of pools after a lost race, so that contended writers
+//! reach the apiserver one at a time instead of all at once.
+//!
+//! Why: every writer of one `IPPool` rewrites the whole object, and the
+//! apiserver re-applies a patch each time another write landed first. With N
+//! writers in flight that is O(N) full write attempts per write, O(N²) for a
+//! burst: the cost that made 200 concurrent ADDs take 48 s without
+//! `deploy/flowcontrol.yaml`. A writer that lost once (its patch, which tests
+//! the `resourceVersion` read, failed at once, or a racer took its address's
+//! reservation) queues here, and its next attempt meets nobody but the rare
+//! newcomer.
+//!
+//! How: a queue in the style of etcd's mutex recipe, on `coordination.k8s.io`
+//! `Lease` objects (tickets). A writer creates its ticket (a generated name,
+//! labelled [`TICKET_LABEL`], the pools in [`POOLS_ANNOTATION`]); the tickets
+//! that share a pool with it and have a lower `resourceVersion` are ahead of
+//! it. It watches the nearest one ahead of it per pool and goes when that one is
+//! deleted (the one ahead went only after everything ahead of it had gone). The
+//! holder renews its ticket every [`RENEW_EVERY`]; a queue ahead that shows no
+//! change at all for [`STALL`] (no ticket gone, no renewal) has a dead head,
+//! which is deleted under a `resourceVersion` precondition. A waiter lists the
+//! queue again only when its watch ends without the delete: after [`STALL`]
+//! right behind the head, longer the farther back it is (a waiter that dies in
+//! the middle of a long queue costs the ones behind it up to that long).
+//!
+//! Turns are an optimisation, never a lock the allocation's safety rests on:
+//! the pool patches keep their per-entry tests and the reservations their
+//! create-if-absent. So every failure here (no right to Leases, an
+//! unparsable version, an error, the call's time running short) ends in going
+//! ahead without a turn, which is exactly the protocol without turns.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use futures_util::TryStreamExt;
+use http::Method;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::WatchEvent;
+use serde_json::{Value, json};
+
+use super::{CLEANUP_GRACE, JSON, JSON_MERGE_PATCH, KubernetesStore, Reply};
+use crate::datastore::PoolId;
+use crate::logging;
+
+/// The label every ticket carries (value: [`TICKET_KIND`]); the queue is the LIST by it.
+pub const TICKET_LABEL: &str = "thereabouts.io/turn";
+const TICKET_KIND: &str = "pools";
+/// The pools a ticket queues for, comma-separated.
+pub const POOLS_ANNOTATION: &str = "thereabouts.io/pools";
+const TICKET_PREFIX: &str = "thereabouts-turn-";
+/// How often the holder renews its ticket.
+const RENEW_EVERY: Duration = Duration::from_millis(500);
+/// A queue ahead that shows no change for this long has a dead head. Also how
+/// long one watch waits before the queue is listed again. (Shorter in the
+/// in-process tests, which wait for it in real time.)
+pub const STALL: Duration = if cfg!(test) { Duration::from_millis(300) } else { Duration::from_secs(2) };
+/// Waiting stops this long before the call's deadline: the attempt without a
+/// turn still needs time.
+const WAIT_MARGIN: Duration = Duration::from_secs(3);
+
+const LEASES: &str = "leases";
+
+pub fn collection_path(namespace: &str) -> String {
+    format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/{LEASES}")
+}
+
+/// A turn this call holds: its ticket and the task renewing it.
+pub(super) struct Turn {
+    name: String,
+    renewal: tokio::task::AbortHandle,
+}
+
+/// A ticket as listed.
+#[derive(Debug, Clone, PartialEq)]
+struct Ticket {
+    name: String,
+    version: u64,
+    pools: BTreeSet<String>,
+}
+
+impl Ticket {
+    fn parse(object: &Value) -> Option<Ticket> {
+        let name = object.pointer("/metadata/name")?.as_str()?.to_string();
+        let version = object.pointer("/metadata/resourceVersion")?.as_str()?.parse().ok()?;
+        let pools = object.pointer(&format!("/metadata/annotations/{}", POOLS_ANNOTATION.replace('/', "~1")))?.as_str()?;
+        Some(Ticket { name, version, pools: pools.split(',').map(str::to_string).collect() })
+    }
+}
+
+/// The ticket for `pools`, held by `holder` (for people reading the Lease).
+fn ticket_body(namespace: &str, pools: &BTreeSet<String>, holder: &str) -> Value {
+    let now = serde_json::to_value(MicroTime(k8s_openapi::jiff::Timestamp::now())).unwrap_or(Value::Null);
+    json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "generateName": TICKET_PREFIX,
+            "namespace": namespace,
+            "labels": {TICKET_LABEL: TICKET_KIND, "app.kubernetes.io/managed-by": "thereabouts"},
+            "annotations": {POOLS_ANNOTATION: pools.iter().cloned().collect::<Vec<_>>().join(",")},
+        },
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": STALL.as_secs(), "acquireTime": now, "renewTime": now},
+    })
+}
+
+/// Queues for `pools` and returns once it is this call's turn; `None` when
+/// the call goes ahead without one (see the module comment), with why logged.
+pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, deadline: Instant) -> Option<Turn> {
+    let pools: BTreeSet<String> = pools.iter().map(|p| p.name.clone()).collect();
+    let give_up = deadline.checked_sub(WAIT_MARGIN).unwrap_or(deadline);
+    let mine = match create(store, &pools, holder, deadline) {
+        Ok(ticket) => ticket,
+        Err(why) => {
+            logging::verbose(format!("no turn taken on pools {pools:?}, going ahead: {why}"));
+            return None;
+        }
+    };
+    match wait(store, &mine, give_up) {
+        Ok(waited) => {
+            logging::debug(format!("turn {} on pools {pools:?}: ours after {} ms", mine.name, waited.as_millis()));
+            Some(Turn { renewal: renew(store, &mine.name), name: mine.name })
+        }
+        Err(why) => {
+            logging::verbose(format!("turn {} on pools {pools:?}: going ahead without it: {why}", mine.name));
+            delete(store, &mine.name, None);
+            None
+        }
+    }
+}
+
+/// Ends a turn: the next one in the queue goes.
+pub(super) fn end(store: &KubernetesStore, turn: Turn) {
+    turn.renewal.abort();
+    delete(store, &turn.name, None);
+}
+
+fn create(store: &KubernetesStore, pools: &BTreeSet<String>, holder: &str, deadline: Instant) -> Result<Ticket, String> {
+    let action = format!("creating a turn ticket (Lease) in namespace {}", store.namespace);
+    let body = ticket_body(&store.namespace, pools, holder);
+    match store.call(Method::POST, &collection_path(&store.namespace), Some((JSON, &body)), &action, deadline) {
+        Ok(Reply::Object(created)) => Ticket::parse(&created).ok_or_else(|| format!("the created ticket has no numeric resourceVersion: {created}")),
+        Ok(Reply::Status(s)) if s.code == 403 => {
+            Err(format!("{} (grant create, list, watch, patch and delete on leases, see deploy/rbac.yaml)", store.status_error(&s, &action)))
+        }
+        Ok(Reply::Status(s)) => Err(store.status_error(&s, &action).to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Waits until no ticket is ahead of `mine`; returns how long that took.
+fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Duration, String> {
+    let started = Instant::now();
+    // The queue ahead as last listed, and since when it has looked exactly so.
+    let mut unchanged: Option<(Vec<Ticket>, Instant)> = None;
+    loop {
+        if Instant::now() >= give_up {
+            return Err("the call's time is running short".into());
+        }
+        let (ahead, revision) = list_ahead(store, mine, give_up)?;
+        if ahead.is_empty() {
+            return Ok(started.elapsed());
+        }
+        match &unchanged {
+            Some((before, since)) if *before == ahead => {
+                if since.elapsed() >= STALL {
+                    // Nothing ahead moved for a whole STALL: its head holds
+                    // the turn without renewing it, or waits for nothing.
+                    let head = &ahead[0];
+                    logging::verbose(format!("turn ticket {} shows no sign of life for {} ms; deleting it", head.name, since.elapsed().as_millis()));
+                    delete(store, &head.name, Some(head.version));
+                    unchanged = None;
+                    continue;
+                }
+            }
+            _ => unchanged = Some((ahead.clone(), Instant::now())),
+        }
+        // The nearest ticket ahead per pool; when each of them has gone, so has
+        // everything ahead of it.
+        let mut nearest: Vec<&Ticket> = Vec::new();
+        for pool in &mine.pools {
+            if let Some(t) = ahead.iter().rev().find(|t| t.pools.contains(pool))
+                && !nearest.iter().any(|n| n.name == t.name)
+            {
+                nearest.push(t);
+            }
+        }
+        // The farther back, the longer the wait before the queue is listed
+        // again: only the tickets right behind the head need to notice soon that
+        // it died, and a LIST of a long queue is what costs.
+        let patience = STALL * (1 + ahead.len() as u32 / 8);
+        let mut all_gone = true;
+        for ticket in nearest {
+            let until = (Instant::now() + patience).min(give_up);
+            if !watch_until_deleted(store, &ticket.name, &revision, until)? {
+                all_gone = false;
+                break;
+            }
+        }
+        if all_gone {
+            return Ok(started.elapsed());
+        }
+    }
+}
+
+/// The tickets ahead of `mine` (sharing a pool, lower version), oldest first,
+/// and the revision of the LIST.
+fn list_ahead(store: &KubernetesStore, mine: &Ticket, deadline: Instant) -> Result<(Vec<Ticket>, String), String> {
+    let action = format!("listing the turn tickets in namespace {}", store.namespace);
+    let path = format!("{}?labelSelector={}%3D{TICKET_KIND}", collection_path(&store.namespace), TICKET_LABEL.replace('/', "%2F"));
+    let list = match store.call(Method::GET, &path, None, &action, deadline).map_err(|e| e.to_string())? {
+        Reply::Object(list) => list,
+        Reply::Status(s) => return Err(store.status_error(&s, &action).to_string()),
+    };
+    let revision = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+    let items = list.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let mut ahead: Vec<Ticket> = items.iter().filter_map(Ticket::parse).filter(|t| t.version < mine.version && !t.pools.is_disjoint(&mine.pools)).collect();
+    ahead.sort_by_key(|t| t.version);
+    Ok((ahead, revision))
+}
+
+/// Watches ticket `name` from `revision` on; true once it is deleted, false
+/// when `until` came first or the watch ended without it.
+fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, until: Instant) -> Result<bool, String> {
+    let limit = until.saturating_duration_since(Instant::now());
+    let path = format!(
+        "{}?watch=true&fieldSelector=metadata.name%3D{name}&resourceVersion={revision}&timeoutSeconds={}",
+        collection_path(&store.namespace),
+        limit.as_secs_f64().ceil().max(1.0) as u64
+    );
+    let request = http::Request::builder().method(Method::GET).uri(&path).header(http::header::ACCEPT, JSON).body(Vec::new()).map_err(|e| e.to_string())?;
+    let number = store.count_request();
+    logging::debug(format!("kubernetes API request #{number}: GET {path} (watch)"));
+    let client = store.client.clone();
+    let watched = store.runtime.within(limit, async move {
+        let events = client.request_events::<Value>(request).await.map_err(|e| e.to_string())?;
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.try_next().await.map_err(|e| e.to_string())? {
+            match event {
+                WatchEvent::Deleted(_) => return Ok(true),
+                // 410 Gone (the revision is too old) and the like: list again.
+                WatchEvent::Error(e) => return Err(format!("watch answered {}: {}", e.code, e.message)),
+                WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Bookmark(_) => {}
+            }
+        }
+        Ok(false)
+    });
+    match watched {
+        Some(Ok(deleted)) => Ok(deleted),
+        Some(Err(e)) => Err(format!("watching turn ticket {name}: {e}")),
+        None => Ok(false),
+    }
+}
+
+/// Renews ticket `name` every [`RENEW_EVERY`] on the store's runtime (it runs
+/// while the call waits for any answer), until aborted or refused.
+fn renew(store: &KubernetesStore, name: &str) -> tokio::task::AbortHandle {
+    let client = store.client.clone();
+    let path = format!("{}/{name}", collection_path(&store.namespace));
+    store.runtime.spawn(async move {
+        loop {
+            tokio::time::sleep(RENEW_EVERY).await;
+            let now = serde_json::to_value(MicroTime(k8s_openapi::jiff::Timestamp::now())).unwrap_or(Value::Null);
+            let body = serde_json::to_vec(&json!({"spec": {"renewTime": now}})).unwrap_or_default();
+            let Ok(request) = http::Request::builder().method(Method::PATCH).uri(&path).header(http::header::CONTENT_TYPE, JSON_MERGE_PATCH).body(body) else {
+                return;
+            };
+            if client.request_text(request).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Deletes ticket `name` (only at `version` when given), best effort.
+fn delete(store: &KubernetesStore, name: &str, version: Option<u64>) {
+    let action = format!("deleting turn ticket {}/{name}", store.namespace);
+    let mut options = json!({"apiVersion": "v1", "kind": "DeleteOptions"});
+    if let Some(version) = version {
+        options["preconditions"] = json!({"resourceVersion": version.to_string()});
+    }
+    let path = format!("{}/{name}", collection_path(&store.namespace));
+    match store.call(Method::DELETE, &path, Some((JSON, &options)), &action, Instant::now() + CLEANUP_GRACE) {
+        Ok(Reply::Object(_)) => {}
+        Ok(Reply::Status(s)) if s.code == 404 || s.code == 409 => {}
+        Ok(Reply::Status(s)) => logging::debug(format!("{}", store.status_error(&s, &action))),
+        Err(e) => logging::debug(format!("{action}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ticket_is_read_back_from_its_own_body() {
+        let pools: BTreeSet<String> = ["b".to_string(), "a".to_string()].into();
+        let mut body = ticket_body("ns", &pools, "default/pod c1 eth0");
+        body["metadata"]["name"] = json!("thereabouts-turn-x");
+        body["metadata"]["resourceVersion"] = json!("42");
+        assert_eq!(Ticket::parse(&body), Some(Ticket { name: "thereabouts-turn-x".into(), version: 42, pools }));
+        assert_eq!(body["metadata"]["annotations"][POOLS_ANNOTATION], "a,b");
+    }
+}
