@@ -13,6 +13,7 @@
 //! [`Datastore`] trait stays synchronous and nothing of it exists unless this
 //! datastore is selected.
 
+mod connection;
 pub mod crd;
 pub mod failure;
 pub mod kubeconfig;
@@ -90,7 +91,7 @@ impl KubernetesStore {
                 config.connect_timeout = Some(REQUEST_TIMEOUT);
                 let server = config.cluster_url.to_string().trim_end_matches('/').to_string();
                 // The client spawns its dispatcher task: inside the runtime.
-                let client = kube::Client::try_from(config).map_err(|e| kubeconfig::error_text(&e))?;
+                let client = connection::client(&config).map_err(|e| kubeconfig::error_text(&e))?;
                 Ok::<_, String>((client, server))
             })
             .map_err(unusable)?;

@@ -48,7 +48,7 @@ fn ok() -> Answer {
 }
 
 fn list_path(id: &PoolId) -> String {
-    format!("{API}/ippools?fieldSelector=metadata.name%3D{}", id.name)
+    format!("{API}/ippools?fieldSelector=metadata.name%3D{}&resourceVersion=0", id.name)
 }
 
 fn deadline() -> Instant {
@@ -166,7 +166,7 @@ fn add_after_a_lost_pool_race_frees_its_reservation_takes_its_turn_and_reuses_re
             format!("POST {API}/ippools"),
             delete.clone(),
             format!("POST {LEASES}"),
-            format!("GET {LEASES}?labelSelector=thereabouts.io%2Fturn%3Dpools"),
+            format!("GET {LEASES}?labelSelector=thereabouts.io%2Fturn%3Dpools&resourceVersion=20&resourceVersionMatch=NotOlderThan"),
             format!("GET {}", list_path(&p)),
             post.clone(),
             patch.clone(),
@@ -220,7 +220,7 @@ fn add_after_a_lost_reservation_race_takes_its_turn_then_plans_around_taken_rese
             post.clone(),
             format!("GET {API}/overlappingrangeipreservations/192.0.2.1"),
             format!("POST {LEASES}"),
-            format!("GET {LEASES}?labelSelector=thereabouts.io%2Fturn%3Dpools"),
+            format!("GET {LEASES}?labelSelector=thereabouts.io%2Fturn%3Dpools&resourceVersion=20&resourceVersionMatch=NotOlderThan"),
             format!("GET {}", list_path(&p)),
             post.clone(),
             post,

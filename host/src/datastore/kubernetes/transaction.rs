@@ -378,9 +378,19 @@ impl KubeTransaction<'_> {
     /// the CPU of a GET, which reads etcd). While that cache is not ready (after
     /// the apiserver or the CRD started) the LIST answers 429: then one GET of the
     /// object instead, without a revision.
+    ///
+    /// `resourceVersion=0`: the cache as it is, at once. A consistent LIST first
+    /// waits until the cache has caught up with etcd's latest revision, which
+    /// writes of other kinds (reservations, turn tickets) move without an
+    /// IPPool event to follow; the cache then waits for etcd's next progress
+    /// notification, 40-100 ms per read (every DEL after another's reservation
+    /// deletes, every read in a turn). The cache can lag behind the pool only by
+    /// the writes of the last few milliseconds, and a plan on such a read fails
+    /// safely: its `resourceVersion` test or its entry tests refuse it, or the
+    /// address's reservation is taken.
     fn read_pool(&mut self, pool: &PoolId, deadline: Instant) -> Result<Option<PoolObject>, DatastoreError> {
         let action = format!("reading IPPool {}/{}", self.store.namespace, pool.name);
-        let path = crd::named_list_path(&self.store.namespace, IPPOOLS, &pool.name);
+        let path = format!("{}&resourceVersion=0", crd::named_list_path(&self.store.namespace, IPPOOLS, &pool.name));
         let object = match self.store.call_within(Method::GET, &path, None, &action, deadline, REQUEST_TIMEOUT, 0)? {
             Reply::Object(list) => {
                 let revision = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();

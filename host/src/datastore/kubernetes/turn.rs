@@ -206,7 +206,16 @@ fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Dura
 /// and the revision of the LIST.
 fn list_ahead(store: &KubernetesStore, mine: &Ticket, deadline: Instant) -> Result<(Vec<Ticket>, String), String> {
     let action = format!("listing the turn tickets in namespace {}", store.namespace);
-    let path = format!("{}?labelSelector={}%3D{TICKET_KIND}", collection_path(&store.namespace), TICKET_LABEL.replace('/', "%2F"));
+    // At least as new as our own ticket, so every ticket made before it is in
+    // the answer; no newer needed: the watch cache answers as soon as it has seen
+    // our create (a consistent LIST would wait for etcd's next progress
+    // notification whenever other kinds were written last).
+    let path = format!(
+        "{}?labelSelector={}%3D{TICKET_KIND}&resourceVersion={}&resourceVersionMatch=NotOlderThan",
+        collection_path(&store.namespace),
+        TICKET_LABEL.replace('/', "%2F"),
+        mine.version
+    );
     let list = match store.call(Method::GET, &path, None, &action, deadline).map_err(|e| e.to_string())? {
         Reply::Object(list) => list,
         Reply::Status(s) => return Err(store.status_error(&s, &action).to_string()),
