@@ -135,6 +135,29 @@ impl Whereabouts {
     }
 }
 
+/// A network config for whereabouts on the Kubernetes datastore, allocating one
+/// address from each of `ranges` with overlapping-range reservations on (its
+/// default). whereabouts refuses to run without a flat file, so an empty one
+/// (but for the datastore) is written into `dir` and named by
+/// `configuration_path`; everything else is inline.
+pub fn whereabouts_conf(dir: &Path, kubeconfig: &Path, network_name: &str, ranges: &[&str]) -> Result<Value> {
+    let flat = dir.join("whereabouts.conf");
+    std::fs::write(&flat, json!({"datastore": "kubernetes"}).to_string()).with_context(|| format!("writing {}", flat.display()))?;
+    Ok(json!({
+        "cniVersion": "1.0.0",
+        "name": "peers",
+        "type": "thab-peers",
+        "ipam": {
+            "type": "whereabouts",
+            "configuration_path": flat,
+            "kubernetes": {"kubeconfig": kubeconfig},
+            "network_name": network_name,
+            "ipRanges": ranges.iter().map(|r| json!({"range": r})).collect::<Vec<_>>(),
+            "enable_overlapping_ranges": true,
+        },
+    }))
+}
+
 /// Polls an IPPool list as the kubeconfig's identity until RBAC lets it through.
 async fn wait_allowed(kubeconfig: &Path) -> Result<()> {
     let client = client_from_kubeconfig(kubeconfig).await?;

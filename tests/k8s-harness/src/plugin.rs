@@ -70,7 +70,11 @@ impl Objects {
     }
 
     fn path(&self, plural: &str, name: Option<&str>) -> String {
-        let base = format!("/apis/{GROUP_VERSION}/namespaces/{}/{plural}", self.namespace);
+        self.path_in(GROUP_VERSION, plural, name)
+    }
+
+    fn path_in(&self, group_version: &str, plural: &str, name: Option<&str>) -> String {
+        let base = format!("/apis/{group_version}/namespaces/{}/{plural}", self.namespace);
         match name {
             Some(n) => format!("{base}/{n}"),
             None => base,
@@ -109,7 +113,12 @@ impl Objects {
 
     /// Every object of the kind in the namespace, by name.
     pub fn list(&self, plural: &str) -> Result<BTreeMap<String, Value>> {
-        let text = self.send(http::Method::GET, &self.path(plural, None), None)?.unwrap_or_default();
+        self.list_at(GROUP_VERSION, plural)
+    }
+
+    /// [`Objects::list`] for a kind of another API group (`coordination.k8s.io/v1`).
+    pub fn list_at(&self, group_version: &str, plural: &str) -> Result<BTreeMap<String, Value>> {
+        let text = self.send(http::Method::GET, &self.path_in(group_version, plural, None), None)?.unwrap_or_default();
         let list: Value = serde_json::from_str(&text)?;
         Ok(list["items"].as_array().into_iter().flatten().map(|o| (o["metadata"]["name"].as_str().unwrap_or_default().to_string(), o.clone())).collect())
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Outcome, TempDir};
+use thereabouts_k8s_harness::log_stats::with_debug_log;
 use thereabouts_k8s_harness::peers::{self, WhereaboutsInstall};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS};
 use thereabouts_k8s_harness::{Cluster, LatencyProxy};
@@ -36,28 +37,10 @@ fn shared() -> Arc<(Cluster, WhereaboutsInstall)> {
     shared
 }
 
-/// A dual-stack network config for whereabouts with overlapping-range reservations
-/// on. whereabouts refuses to run without a flat file, so one is written into `dir`
-/// and named by `configuration_path`; everything else is inline.
+/// A dual-stack network config for whereabouts, logging at debug level into `dir`.
 fn whereabouts_conf(dir: &Path, kubeconfig: &Path, network_name: &str) -> String {
-    let flat = dir.join("whereabouts.conf");
-    std::fs::write(&flat, json!({"datastore": "kubernetes"}).to_string()).unwrap();
-    json!({
-        "cniVersion": "1.0.0",
-        "name": "peers",
-        "type": "thab-peers",
-        "ipam": {
-            "type": "whereabouts",
-            "configuration_path": flat,
-            "kubernetes": {"kubeconfig": kubeconfig},
-            "network_name": network_name,
-            "ipRanges": RANGES.iter().map(|r| json!({"range": r})).collect::<Vec<_>>(),
-            "enable_overlapping_ranges": true,
-            "log_file": dir.join("whereabouts.log"),
-            "log_level": "debug",
-        },
-    })
-    .to_string()
+    let conf = peers::whereabouts_conf(dir, kubeconfig, network_name, &RANGES).unwrap();
+    with_debug_log(conf, &dir.join("whereabouts.log")).to_string()
 }
 
 fn run(command: &str, pod: &str, conf: &str) -> Outcome {

@@ -5,7 +5,10 @@
 //!
 //! No lock: every pool write is a JSON patch whose changes are each guarded by a
 //! `test` of the entry they touch ([`patch`]), and reservations are created
-//! before the pools are written. The design, the request sequence of each path,
+//! before the pools are written. A call's first attempt also tests the version
+//! read, so it fails fast; one that lost a race queues for a turn (`turn.rs`),
+//! which keeps a burst's writers from all reaching the apiserver at once but is
+//! never what safety rests on. The design, the request sequence of each path,
 //! the failure classes and why per-entry compare-and-swap is safe next to
 //! whereabouts' writers are in `docs/datastores.md` ("The Kubernetes datastore").
 //!
