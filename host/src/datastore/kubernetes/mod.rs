@@ -94,7 +94,7 @@ impl KubernetesStore {
                 config.connect_timeout = Some(REQUEST_TIMEOUT);
                 let server = config.cluster_url.to_string().trim_end_matches('/').to_string();
                 // The client spawns its dispatcher task: inside the runtime.
-                let client = connection::client(&config).map_err(|e| kubeconfig::error_text(&e))?;
+                let client = connection::client(&config)?;
                 Ok::<_, String>((client, server))
             })
             .map_err(unusable)?;
