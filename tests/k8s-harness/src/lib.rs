@@ -242,7 +242,8 @@ impl Cluster {
             format!("--service-account-signing-key-file={}", dir.join("sa.key").display()),
             // No controller-manager runs, so nothing would create default ServiceAccounts.
             "--disable-admission-plugins=ServiceAccount".to_string(),
-            "--profiling=false".to_string(),
+            // `/debug/pprof` for the benches' profiles (`THEREABOUTS_APISERVER_PROFILING=1`).
+            format!("--profiling={}", std::env::var_os(PROFILING_ENV).is_some()),
         ];
         let apiserver = spawner.spawn("kube-apiserver", &bins.kube_apiserver, &apiserver_args, &dir.join("kube-apiserver.log"))?;
 
@@ -567,6 +568,9 @@ pub fn crds_dir() -> PathBuf {
 
 /// Overrides [`crds_dir`] (benchmarks compare this project's CRDs with whereabouts' own).
 pub const CRDS_DIR_ENV: &str = "THEREABOUTS_CRDS_DIR";
+
+/// Set (to anything): the apiserver serves `/debug/pprof` (to `system:masters`).
+pub const PROFILING_ENV: &str = "THEREABOUTS_APISERVER_PROFILING";
 
 pub(crate) async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
