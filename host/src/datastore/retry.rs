@@ -47,14 +47,22 @@ impl Backoff {
     /// Sleeps before the next attempt; false (without sleeping) when the pause
     /// would end past `deadline`.
     pub fn pause(&mut self, deadline: Instant) -> bool {
+        match self.next_pause(deadline) {
+            Some(pause) => {
+                std::thread::sleep(pause);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The next jittered pause, for a caller that sleeps itself (an async
+    /// one); `None` when it would end at or after `deadline`.
+    pub fn next_pause(&mut self, deadline: Instant) -> Option<Duration> {
         let factor = 0.5 + self.rng.unit();
         let pause = self.next.mul_f64(factor);
         self.next = (self.next * 2).min(self.max);
-        if Instant::now() + pause >= deadline {
-            return false;
-        }
-        std::thread::sleep(pause);
-        true
+        (Instant::now() + pause < deadline).then_some(pause)
     }
 }
 

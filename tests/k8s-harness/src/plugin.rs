@@ -135,7 +135,12 @@ impl Objects {
 
     /// Creates an object (JSON or YAML text of one object) in the namespace.
     pub fn create(&self, plural: &str, object: &Value) -> Result<Value> {
-        let text = self.send(http::Method::POST, &self.path(plural, None), Some(object))?;
+        self.create_at(GROUP_VERSION, plural, object)
+    }
+
+    /// [`Objects::create`] for a kind of another API group (`coordination.k8s.io/v1`).
+    pub fn create_at(&self, group_version: &str, plural: &str, object: &Value) -> Result<Value> {
+        let text = self.send(http::Method::POST, &self.path_in(group_version, plural, None), Some(object))?;
         match text {
             Some(t) => Ok(serde_json::from_str(&t)?),
             None => bail!("creating {plural}: 404 (namespace or CRD missing?)"),

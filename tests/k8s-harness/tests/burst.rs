@@ -96,6 +96,39 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     assert!(tickets.is_empty(), "turn tickets left: {tickets:?}");
 }
 
+/// A turn ticket left by a plugin that was killed while it held its turn (a
+/// Lease nobody renews, ahead of every new ticket) costs the contended ADDs
+/// that queue behind it a wait, nothing else: its waiters delete it once the
+/// queue showed no sign of life for a while, every ADD and DEL succeeds, and no
+/// ticket is left.
+#[test]
+fn a_turn_ticket_left_by_a_killed_plugin_fails_nothing() {
+    const PODS: usize = 30;
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::prepared_with(false).expect("starting a control plane with the CRDs and RBAC");
+    let objects = Objects::admin(&cluster).unwrap();
+    let bin = thereabouts_bin();
+    let net = network(&cluster, "k8s-stale-turn", &["192.0.2.0/24", "2001:db8:81::/64"]);
+    let pools: Vec<String> = net.pools().into_iter().map(|(p, _)| p).collect();
+    let dead = json!({
+        "metadata": {"name": "thereabouts-turn-dead", "labels": {"thereabouts.io/turn": "pools"}, "annotations": {"thereabouts.io/pools": pools.join(",")}},
+        "spec": {"holderIdentity": "a plugin killed in its turn", "leaseDurationSeconds": 2}
+    });
+    objects.create_at("coordination.k8s.io/v1", "leases", &dead).unwrap();
+    let tickets = || -> Vec<String> {
+        let leases = objects.list_at("coordination.k8s.io/v1", "leases").unwrap();
+        leases.into_iter().filter(|(_, l)| l.pointer("/metadata/labels/thereabouts.io~1turn").is_some()).map(|(n, _)| n).collect()
+    };
+
+    let pods = pods("stale-turn", PODS);
+    let adds = run_concurrently(&bin, &net.calls("ADD", &pods, GENEROUS), None);
+    expect_all_ok(&adds, "concurrent ADD behind a dead ticket");
+    check_results(&net, &objects, &adds.iter().collect::<Vec<_>>());
+    let dels = run_concurrently(&bin, &net.calls("DEL", &pods, GENEROUS), None);
+    expect_all_ok(&dels, "concurrent DEL");
+    assert_eq!(tickets(), Vec::<String>::new(), "the dead ticket, or a new one, was left");
+}
+
 /// The apiserver is killed (SIGKILL) while 100 ADDs with a 5 s deadline run,
 /// once some have succeeded. Every ADD succeeds or answers CNI code 11 (try
 /// again later), and none takes longer than its deadline plus a little (process

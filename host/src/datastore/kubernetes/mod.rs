@@ -73,6 +73,16 @@ pub struct KubernetesStore {
     requests: AtomicU32,
 }
 
+/// A request as [`KubernetesStore::call_all`] takes it.
+struct Request {
+    method: Method,
+    path: String,
+    /// Content type and JSON body.
+    body: Option<(String, Value)>,
+    /// What it does, for messages.
+    action: String,
+}
+
 /// An API answer: the object (2xx) or the `Status` of a failure the caller
 /// interprets (404, 409, 422, ...).
 enum Reply {
@@ -144,6 +154,24 @@ impl KubernetesStore {
         cap: Duration,
         throttle_retries: u32,
     ) -> Result<Reply, DatastoreError> {
+        let request = Request { method, path: path.to_string(), body: body.map(|(t, v)| (t.to_string(), v.clone())), action: action.to_string() };
+        self.runtime.block_on(self.send(&request, deadline, cap, throttle_retries))
+    }
+
+    /// Several requests at once, each as [`call_within`](Self::call_within)
+    /// would send it; the answers in the order of `requests`. For the requests
+    /// of one stage of a commit that do not depend on each other (a pool per
+    /// range): one round trip instead of one per range.
+    fn call_all(&self, requests: &[Request], deadline: Instant, cap: Duration, throttle_retries: u32) -> Vec<Result<Reply, DatastoreError>> {
+        if let [one] = requests {
+            return vec![self.runtime.block_on(self.send(one, deadline, cap, throttle_retries))];
+        }
+        self.runtime.block_on(futures_util::future::join_all(requests.iter().map(|r| self.send(r, deadline, cap, throttle_retries))))
+    }
+
+    /// One request and its retries of 429/503/504 while time remains.
+    async fn send(&self, r: &Request, deadline: Instant, cap: Duration, throttle_retries: u32) -> Result<Reply, DatastoreError> {
+        let (method, path, action) = (&r.method, r.path.as_str(), r.action.as_str());
         let mut throttled = 0;
         let mut backoff = Backoff::between(Duration::from_millis(50), Duration::from_secs(1));
         loop {
@@ -153,9 +181,9 @@ impl KubernetesStore {
             }
             let limit = remaining.min(cap);
             let mut request = http::Request::builder().method(method.clone()).uri(path).header(http::header::ACCEPT, JSON);
-            let bytes = match body {
+            let bytes = match &r.body {
                 Some((content_type, value)) => {
-                    request = request.header(http::header::CONTENT_TYPE, content_type);
+                    request = request.header(http::header::CONTENT_TYPE, content_type.as_str());
                     serde_json::to_vec(value).unwrap_or_default()
                 }
                 None => Vec::new(),
@@ -163,7 +191,7 @@ impl KubernetesStore {
             let request = request.body(bytes).map_err(|e| self.rejected(action, format!("cannot build the request: {e}")))?;
             let number = self.count_request();
             let started = Instant::now();
-            let outcome = self.runtime.within(limit, self.client.request_text(request));
+            let outcome = tokio::time::timeout(limit, self.client.request_text(request)).await.ok();
             let took = started.elapsed();
             let log = |answer: &str| logging::debug(format!("kubernetes API request #{number}: {method} {path} -> {answer} in {} ms", took.as_millis()));
             match outcome {
@@ -186,16 +214,14 @@ impl KubernetesStore {
                     if matches!(status.code, 429 | 503 | 504) && throttled < throttle_retries {
                         throttled += 1;
                         let asked = status.details.as_ref().map_or(0, |d| d.retry_after_seconds);
-                        let slept = if asked > 0 {
+                        let pause = if asked > 0 {
                             let pause = Duration::from_secs(u64::from(asked)).min(Duration::from_secs(1));
-                            Instant::now() + pause < deadline && {
-                                std::thread::sleep(pause);
-                                true
-                            }
+                            (Instant::now() + pause < deadline).then_some(pause)
                         } else {
-                            backoff.pause(deadline)
+                            backoff.next_pause(deadline)
                         };
-                        if slept {
+                        if let Some(pause) = pause {
+                            tokio::time::sleep(pause).await;
                             continue;
                         }
                     }

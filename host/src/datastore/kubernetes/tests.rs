@@ -522,3 +522,35 @@ fn without_the_right_to_leases_a_lost_race_goes_on_without_a_turn() {
     assert_eq!(log.lines()[7], format!("PATCH {API}/ippools/192.0.2.0-24"));
     assert_eq!(log.body(7)[0], json!({"op": "test", "path": "/spec/allocations/1", "value": null}));
 }
+
+#[test]
+fn a_watch_from_a_revision_too_old_lists_the_queue_again() {
+    let p = pool("192.0.2.0/24");
+    let a = alloc(1, "c1", "a");
+    let gone = Answer::Ok(
+        json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired", "message": "too old resource version"}}),
+    );
+    let deleted = Answer::Ok(json!({"type": "DELETED", "object": ticket("t0", "19", &p.name)}));
+    let ahead = || tickets(vec![ticket("t0", "19", &p.name)]);
+    let (s, log, _) = store(
+        "ns",
+        vec![
+            listed(&p, "10", "12", json!({})),
+            created("u1"),
+            Answer::Status(409, "Conflict", Value::Null),
+            ok(),
+            Answer::Ok(ticket("t1", "20", &p.name)),
+            ahead(),
+            gone,
+            ahead(),
+            deleted,
+            ok(),
+        ],
+    );
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
+    // Still in the queue, not gone ahead without a turn.
+    assert!(tx.serialized());
+    assert_eq!(log.lines().iter().filter(|l| l.contains("watch=true")).count(), 2);
+}

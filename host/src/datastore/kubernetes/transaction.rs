@@ -12,7 +12,7 @@ use thereabouts_allocator::model::Allocation;
 
 use super::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
 use super::turn::{self, Turn};
-use super::{CLEANUP_GRACE, JSON, JSON_PATCH, KubernetesStore, REQUEST_TIMEOUT, Reply, THROTTLE_RETRIES, WRITE_TIMEOUT, failure, patch};
+use super::{CLEANUP_GRACE, JSON, JSON_PATCH, KubernetesStore, REQUEST_TIMEOUT, Reply, Request, THROTTLE_RETRIES, WRITE_TIMEOUT, failure, patch};
 use crate::datastore::{Change, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, ReservedOffsets, Retry, Transaction, Version};
 use crate::logging;
 
@@ -147,9 +147,17 @@ fn labelled_reservations(store: &KubernetesStore, container_id: &str, ifname: &s
 }
 
 impl Transaction for KubeTransaction<'_> {
+    /// The pools' reads go out at once (one round trip for all ranges).
     fn load(&mut self) -> Result<Vec<Pool>, DatastoreError> {
         let pools = self.pools.clone();
-        pools.iter().map(|pool| self.load_one(pool)).collect()
+        let to_read: Vec<&PoolId> = pools.iter().filter(|p| !(self.reuse_reads && self.read.contains_key(&p.name))).collect();
+        let requests: Vec<Request> = to_read.iter().map(|p| self.pool_read_request(p)).collect();
+        let replies = self.store.call_all(&requests, self.deadline, REQUEST_TIMEOUT, 0);
+        let mut fresh = HashMap::new();
+        for (pool, reply) in to_read.into_iter().zip(replies) {
+            fresh.insert(pool.name.clone(), self.pool_from_reply(pool, reply?)?);
+        }
+        pools.iter().map(|pool| Ok(self.load_one(pool, fresh.remove(&pool.name)))).collect()
     }
 
     /// One attempt; after the first lost race, waits for this call's turn on
@@ -225,14 +233,25 @@ impl KubeTransaction<'_> {
         // plan does not use any more: free them for the others first.
         self.release_held(&planned, cleanup_deadline());
 
-        // 1. Reservations of new addresses, before any pool shows the address.
-        for (update, name, holder) in &reserves {
-            if self.held.get(name.as_str()).is_some_and(|h| h.serves(holder)) {
+        // 1. Reservations of new addresses, before any pool shows the address:
+        // their POSTs go out at once, then each answer is looked at in order.
+        let fresh: Vec<usize> = (0..reserves.len()).filter(|&i| !self.held.get(reserves[i].1.as_str()).is_some_and(|h| h.serves(reserves[i].2))).collect();
+        let posts: Vec<Request> = fresh.iter().map(|&i| self.reservation_request(reserves[i].1, reserves[i].2)).collect();
+        let mut posted: HashMap<usize, Result<Reply, DatastoreError>> =
+            fresh.into_iter().zip(self.store.call_all(&posts, deadline, REQUEST_TIMEOUT, THROTTLE_RETRIES)).collect();
+        for (i, (update, name, holder)) in reserves.iter().enumerate() {
+            let Some(answer) = posted.remove(&i) else {
                 logging::debug(format!("reservation {name}: taken by an earlier attempt of this call, planned again"));
                 continue;
-            }
+            };
             let pool = update.pool.name.clone();
-            let refused = match self.reserve(name, holder, deadline) {
+            let outcome = self.reserve(name, holder, answer, deadline);
+            if !matches!(outcome, Ok(Reservation::Created { .. } | Reservation::Adopted)) {
+                // Stopping here: the later reservations were sent too, and the
+                // ones created are this call's until a commit records them.
+                self.hold_created(&reserves, std::mem::take(&mut posted));
+            }
+            let refused = match outcome {
                 Ok(Reservation::Created { uid }) => {
                     self.held.insert(name.to_string(), Held { uid, pool, holder: (*holder).clone() });
                     continue;
@@ -268,30 +287,42 @@ impl KubeTransaction<'_> {
             return Ok(Outcome::Retry(refused));
         }
 
-        // 2. Pools, in order; a failure undoes the ones written.
-        let mut written: Vec<&PoolUpdate> = Vec::new();
-        for update in &updates {
-            if !update.changes.iter().any(Change::touches_entries) {
-                continue;
+        // 2. Pools, all at once; a failure undoes the ones written.
+        let writes: Vec<&PoolUpdate> = updates.iter().copied().filter(|u| u.changes.iter().any(Change::touches_entries)).collect();
+        let requests = match writes.iter().map(|u| self.pool_write_request(u)).collect::<Result<Vec<Request>, DatastoreError>>() {
+            Ok(requests) => requests,
+            Err(e) => {
+                self.release_held(&BTreeSet::new(), cleanup_deadline());
+                return Err(e);
             }
-            let failed = match self.write_pool(update, deadline) {
-                Ok(Outcome::Committed) => {
-                    written.push(update);
-                    continue;
-                }
-                other => other,
-            };
+        };
+        let answers = self.store.call_all(&requests, deadline, WRITE_TIMEOUT, THROTTLE_RETRIES);
+        let results: Vec<Result<Outcome, DatastoreError>> = writes.iter().zip(answers).map(|(u, answer)| self.pool_write_outcome(u, answer)).collect();
+        // Whatever happened, the objects read are stale now.
+        for u in &writes {
+            self.read.remove(&u.pool.name);
+        }
+        if results.iter().any(|r| !matches!(r, Ok(Outcome::Committed))) {
+            let written: Vec<&PoolUpdate> = writes.iter().zip(&results).filter(|(_, r)| matches!(r, Ok(Outcome::Committed))).map(|(u, _)| *u).collect();
             let cleanup = cleanup_deadline();
             // A write whose answer never came may still land (the apiserver
             // goes on after the client gave up): its entries keep their
             // reservations, never freed here, so no entry can stand without
             // one. The runtime's DEL after the failed ADD frees both.
-            if matches!(failed, Err(DatastoreError::Unavailable { .. })) {
-                self.keep_reservations_of(&update.pool.name);
+            for (u, r) in writes.iter().zip(&results) {
+                if matches!(r, Err(DatastoreError::Unavailable { .. })) {
+                    self.keep_reservations_of(&u.pool.name);
+                }
             }
             for unsure in self.undo(&written, cleanup) {
                 self.keep_reservations_of(&unsure);
             }
+            // An error wins over a conflict: retrying cannot help it.
+            let failed = match results.iter().position(Result::is_err) {
+                Some(i) => results.into_iter().nth(i),
+                None => results.into_iter().find(|r| !matches!(r, Ok(Outcome::Committed))),
+            };
+            let failed = failed.unwrap_or(Ok(Outcome::Committed));
             if failed.is_err() {
                 self.release_held(&BTreeSet::new(), cleanup);
             }
@@ -335,13 +366,14 @@ impl KubeTransaction<'_> {
         }
     }
 
-    /// One pool for `load`. After a lost reservation race the pool itself
-    /// refused nothing: plan again on the object read (the address lost is in
+    /// One pool for `load`, as `fresh`ly read (`Some`), or not read again
+    /// (`None`): after a lost reservation race the pool itself refused nothing,
+    /// so the retry plans again on the object read (the address lost is in
     /// `reserved` now). Its entry guards make a stale read safe, and it knows
     /// little less than a new read would: the racing writers hold reservations
     /// before the pool shows their entries. A pool write (success or conflict)
     /// drops the read.
-    fn load_one(&mut self, pool: &PoolId) -> Result<Pool, DatastoreError> {
+    fn load_one(&mut self, pool: &PoolId, fresh: Option<Option<PoolObject>>) -> Pool {
         let reserved = self.reserved.of(&pool.name);
         let as_read = |object: &PoolObject, reserved| Pool {
             version: Version(object.resource_version.clone()),
@@ -349,35 +381,34 @@ impl KubeTransaction<'_> {
             reserved,
             ..Pool::default()
         };
-        if self.reuse_reads
-            && let Some(object) = self.read.get(&pool.name)
-        {
-            logging::debug(format!(
-                "IPPool {}: planning again on the read of version {} (a reservation was taken, not the pool)",
-                pool.name, object.resource_version
-            ));
-            return Ok(as_read(object, reserved));
-        }
-        match self.read_pool(pool, self.deadline)? {
-            Some(object) => {
+        match fresh {
+            Some(Some(object)) => {
                 let loaded = as_read(&object, reserved);
                 self.read.insert(pool.name.clone(), object);
-                Ok(loaded)
+                loaded
             }
-            None => {
+            Some(None) => {
                 self.read.remove(&pool.name);
-                Ok(Pool { reserved, ..Pool::default() })
+                Pool { reserved, ..Pool::default() }
             }
+            None => match self.read.get(&pool.name) {
+                Some(object) => {
+                    logging::debug(format!(
+                        "IPPool {}: planning again on the read of version {} (a reservation was taken, not the pool)",
+                        pool.name, object.resource_version
+                    ));
+                    as_read(object, reserved)
+                }
+                None => Pool { reserved, ..Pool::default() },
+            },
         }
     }
 
-    /// Reads the pool as a LIST of the one object by name: the answer carries the
-    /// revision the read saw (kept in `read_revisions`), which tells reservations
-    /// older than this read from ones made since (`reserved_before_read`), and the
-    /// apiserver serves it from its watch cache (at 200 entries about a fifth of
-    /// the CPU of a GET, which reads etcd). While that cache is not ready (after
-    /// the apiserver or the CRD started) the LIST answers 429: then one GET of the
-    /// object instead, without a revision.
+    /// The read of a pool: a LIST of the one object by name. The answer carries
+    /// the revision the read saw (kept in `read_revisions`), which tells
+    /// reservations older than this read from ones made since
+    /// (`reserved_before_read`), and the apiserver serves it from its watch cache
+    /// (at 200 entries about a fifth of the CPU of a GET, which reads etcd).
     ///
     /// `resourceVersion=0`: the cache as it is, at once. A consistent LIST first
     /// waits until the cache has caught up with etcd's latest revision, which
@@ -388,10 +419,17 @@ impl KubeTransaction<'_> {
     /// the writes of the last few milliseconds, and a plan on such a read fails
     /// safely: its `resourceVersion` test or its entry tests refuse it, or the
     /// address's reservation is taken.
-    fn read_pool(&mut self, pool: &PoolId, deadline: Instant) -> Result<Option<PoolObject>, DatastoreError> {
-        let action = format!("reading IPPool {}/{}", self.store.namespace, pool.name);
+    fn pool_read_request(&self, pool: &PoolId) -> Request {
         let path = format!("{}&resourceVersion=0", crd::named_list_path(&self.store.namespace, IPPOOLS, &pool.name));
-        let object = match self.store.call_within(Method::GET, &path, None, &action, deadline, REQUEST_TIMEOUT, 0)? {
+        Request { method: Method::GET, path, body: None, action: format!("reading IPPool {}/{}", self.store.namespace, pool.name) }
+    }
+
+    /// The pool in the answer to [`Self::pool_read_request`]. While the watch
+    /// cache is not ready (after the apiserver or the CRD started) the LIST
+    /// answers 429: then one GET of the object instead, without a revision.
+    fn pool_from_reply(&mut self, pool: &PoolId, reply: Reply) -> Result<Option<PoolObject>, DatastoreError> {
+        let action = format!("reading IPPool {}/{}", self.store.namespace, pool.name);
+        let object = match reply {
             Reply::Object(list) => {
                 let revision = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
                 self.read_revisions.insert(pool.name.clone(), revision);
@@ -403,7 +441,7 @@ impl KubeTransaction<'_> {
             }
             Reply::Status(s) if s.code == 429 => {
                 self.read_revisions.remove(&pool.name);
-                match self.store.call(Method::GET, &self.store.pool_path(&pool.name), None, &action, deadline)? {
+                match self.store.call(Method::GET, &self.store.pool_path(&pool.name), None, &action, self.deadline)? {
                     Reply::Object(object) => object,
                     Reply::Status(s) if failure::is_object_not_found(&s, &pool.name) => return Ok(None),
                     Reply::Status(s) => return Err(self.store.status_error(&s, &action)),
@@ -431,16 +469,23 @@ impl KubeTransaction<'_> {
     /// range's — is then planned around like a racer's: the former is freed by
     /// the DEL (it carries our attachment label), the latter was not planned
     /// lowest-first anyway under contention.
-    fn reserve(&mut self, name: &str, holder: &Allocation, deadline: Instant) -> Result<Reservation, DatastoreError> {
-        let action = format!("creating OverlappingRangeIPReservation {}/{name}", self.store.namespace);
-        let body = crd::new_reservation(name, &self.store.namespace, holder);
-        let collection = crd::collection_path(&self.store.namespace, RESERVATIONS);
+    ///
+    /// `posted` is the answer to the first POST ([`Self::reservation_request`]),
+    /// sent together with the other reservations of the commit.
+    fn reserve(&mut self, name: &str, holder: &Allocation, posted: Result<Reply, DatastoreError>, deadline: Instant) -> Result<Reservation, DatastoreError> {
+        let request = self.reservation_request(name, holder);
+        let mut posted = Some(posted);
         // Twice at most: a reservation deleted between our POST and GET is free again.
         for _ in 0..2 {
-            match self.store.call(Method::POST, &collection, Some((JSON, &body)), &action, deadline)? {
+            let reply = match posted.take() {
+                Some(reply) => reply?,
+                None => self.store.call_all(std::slice::from_ref(&request), deadline, REQUEST_TIMEOUT, THROTTLE_RETRIES).remove(0)?,
+            };
+            let action = &request.action;
+            match reply {
                 Reply::Object(created) => return Ok(Reservation::Created { uid: crd::parse_reservation(&created).uid }),
                 Reply::Status(s) if s.code == 409 => {}
-                Reply::Status(s) => return Err(self.store.status_error(&s, &action)),
+                Reply::Status(s) => return Err(self.store.status_error(&s, action)),
             }
             if self.races_lost > 0 {
                 return Ok(Reservation::Taken);
@@ -456,6 +501,27 @@ impl KubeTransaction<'_> {
             }
         }
         Ok(Reservation::Contended)
+    }
+
+    /// Records the reservations among `answers` (index into `reserves` →
+    /// the answer to its POST) that were created, as held by this call.
+    fn hold_created(&mut self, reserves: &[(&PoolUpdate, &String, &Allocation)], answers: HashMap<usize, Result<Reply, DatastoreError>>) {
+        for (i, answer) in answers {
+            if let (Ok(Reply::Object(created)), Some((update, name, holder))) = (answer, reserves.get(i)) {
+                let uid = crd::parse_reservation(&created).uid;
+                self.held.insert(name.to_string(), Held { uid, pool: update.pool.name.clone(), holder: (*holder).clone() });
+            }
+        }
+    }
+
+    /// The POST that reserves the address `name` for `holder`.
+    fn reservation_request(&self, name: &str, holder: &Allocation) -> Request {
+        Request {
+            method: Method::POST,
+            path: crd::collection_path(&self.store.namespace, RESERVATIONS),
+            body: Some((JSON.to_string(), crd::new_reservation(name, &self.store.namespace, holder))),
+            action: format!("creating OverlappingRangeIPReservation {}/{name}", self.store.namespace),
+        }
     }
 
     /// Deletes the reservation `name` if `holder`'s pod and interface hold it.
@@ -520,11 +586,10 @@ impl KubeTransaction<'_> {
         }
     }
 
-    /// Writes one pool's changes: POST when it did not exist, else the PATCH
-    /// whose `test`s compare each touched entry with the pool as read.
-    fn write_pool(&mut self, update: &PoolUpdate, deadline: Instant) -> Result<Outcome, DatastoreError> {
+    /// The write of one pool's changes: POST when it did not exist, else the
+    /// PATCH whose `test`s compare each touched entry with the pool as read.
+    fn pool_write_request(&self, update: &PoolUpdate) -> Result<Request, DatastoreError> {
         let name = &update.pool.name;
-        let conflict = || Ok(Outcome::Retry(Retry::Conflict { pool: name.clone() }));
         let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: name.clone(), detail };
         if update.expected.is_absent() {
             let mut inserts = Vec::new();
@@ -535,41 +600,45 @@ impl KubeTransaction<'_> {
                     other => return Err(inconsistent(format!("{other:?} on a pool that does not exist"))),
                 }
             }
-            let action = format!("creating IPPool {}/{name}", self.store.namespace);
-            let body = crd::new_pool(name, &self.store.namespace, &update.pool.cidr, &inserts);
-            return match self.store.call(Method::POST, &crd::collection_path(&self.store.namespace, IPPOOLS), Some((JSON, &body)), &action, deadline)? {
-                Reply::Object(_) => Ok(Outcome::Committed),
-                Reply::Status(s) if s.code == 409 => conflict(),
-                Reply::Status(s) => Err(self.store.status_error(&s, &action)),
-            };
+            return Ok(Request {
+                method: Method::POST,
+                path: crd::collection_path(&self.store.namespace, IPPOOLS),
+                body: Some((JSON.to_string(), crd::new_pool(name, &self.store.namespace, &update.pool.cidr, &inserts))),
+                action: format!("creating IPPool {}/{name}", self.store.namespace),
+            });
         }
-        let read = self.read.get(name).filter(|p| p.resource_version == update.expected.0).cloned();
+        let read = self.read.get(name).filter(|p| p.resource_version == update.expected.0);
         let read = read.ok_or_else(|| inconsistent(format!("commit against version {:?}, which this process did not read", update.expected.0)))?;
         let fail_fast = matches!(self.turn, TurnState::NotYet);
-        let patch = patch::update(&read, &update.changes, fail_fast).map_err(inconsistent)?;
-        let action = format!("patching IPPool {}/{name}", self.store.namespace);
-        let result = match self.store.call_within(
-            Method::PATCH,
-            &self.store.pool_path(name),
-            Some((JSON_PATCH, &patch)),
-            &action,
-            deadline,
-            WRITE_TIMEOUT,
-            THROTTLE_RETRIES,
-        )? {
+        let patch = patch::update(read, &update.changes, fail_fast).map_err(inconsistent)?;
+        Ok(Request {
+            method: Method::PATCH,
+            path: self.store.pool_path(name),
+            body: Some((JSON_PATCH.to_string(), patch)),
+            action: format!("patching IPPool {}/{name}", self.store.namespace),
+        })
+    }
+
+    /// What the answer to [`Self::pool_write_request`] means.
+    fn pool_write_outcome(&self, update: &PoolUpdate, answer: Result<Reply, DatastoreError>) -> Result<Outcome, DatastoreError> {
+        let name = &update.pool.name;
+        let conflict = || Ok(Outcome::Retry(Retry::Conflict { pool: name.clone() }));
+        let action = if update.expected.is_absent() { "creating" } else { "patching" };
+        let action = format!("{action} IPPool {}/{name}", self.store.namespace);
+        match answer? {
             Reply::Object(_) => Ok(Outcome::Committed),
+            // Someone created it first.
+            Reply::Status(s) if update.expected.is_absent() && s.code == 409 => conflict(),
+            Reply::Status(s) if update.expected.is_absent() => Err(self.store.status_error(&s, &action)),
             // An entry's test failed (its offset was taken, or the entry to change
             // is gone or someone else's), or the pool was deleted since.
             Reply::Status(s) if failure::is_failed_test(&s) || s.code == 409 || failure::is_object_not_found(&s, name) => conflict(),
             Reply::Status(s) if failure::is_too_large(&s) => {
-                let entries = read.entries.len() + update.inserts();
+                let entries = self.read.get(name).map_or(0, |p| p.entries.len()) + update.inserts();
                 Err(DatastoreError::PoolTooLarge { object: format!("IPPool {}/{name}", self.store.namespace), entries })
             }
             Reply::Status(s) => Err(self.store.status_error(&s, &action)),
-        };
-        // Whatever happened, the object read is stale now.
-        self.read.remove(name);
-        result
+        }
     }
 
     /// The [`Change::Unreserve`]s of `updates` (pools already written), best effort.

@@ -59,6 +59,8 @@ pub const STALL: Duration = if cfg!(test) { Duration::from_millis(300) } else { 
 const WAIT_MARGIN: Duration = Duration::from_secs(3);
 
 const LEASES: &str = "leases";
+/// The answer to a watch from a revision the apiserver no longer keeps.
+const GONE: u16 = 410;
 
 pub fn collection_path(namespace: &str) -> String {
     format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/{LEASES}")
@@ -241,12 +243,18 @@ fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, unti
     logging::debug(format!("kubernetes API request #{number}: GET {path} (watch)"));
     let client = store.client.clone();
     let watched = store.runtime.within(limit, async move {
-        let events = client.request_events::<Value>(request).await.map_err(|e| e.to_string())?;
+        let events = match client.request_events::<Value>(request).await {
+            Ok(events) => events,
+            Err(kube::Error::Api(s)) if s.code == GONE => return Ok(false),
+            Err(e) => return Err(e.to_string()),
+        };
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.try_next().await.map_err(|e| e.to_string())? {
             match event {
                 WatchEvent::Deleted(_) => return Ok(true),
-                // 410 Gone (the revision is too old) and the like: list again.
+                // The revision listed is older than the watch cache's window
+                // (a long queue moves fast): list again, not a failure.
+                WatchEvent::Error(e) if e.code == GONE => return Ok(false),
                 WatchEvent::Error(e) => return Err(format!("watch answered {}: {}", e.code, e.message)),
                 WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Bookmark(_) => {}
             }

@@ -12,7 +12,10 @@
 //!   cargo run --release -p thereabouts-k8s-harness --bin bench_k8s_versus -- --pods 200
 //! ```
 //!
-//! Options: `--pods N` (200) concurrent calls per burst; `--latency-ms L` (1)
+//! Options: `--pods N` (200) concurrent calls per burst; `--ranges A,B` the
+//! config's ranges (`192.0.2.0/24,2001:db8:90::/64`; a burst of more than 252
+//! needs IPv6 ranges only, say `2001:db8:90::/64,2001:db8:91::/64`, since every
+//! IPv4 documentation network is a /24); `--latency-ms L` (1)
 //! the one-way delay of the second scenario, through toxiproxy (each way; `0`
 //! runs the loopback scenario only); `--timeout-ms T` (120000) thereabouts'
 //! budget per call (whereabouts has its own).
@@ -45,19 +48,25 @@ const RANGES: [&str; 2] = ["192.0.2.0/24", "2001:db8:90::/64"];
 
 struct Options {
     pods: usize,
+    ranges: Vec<&'static str>,
     latency: Duration,
     timeout: Duration,
 }
 
 fn parse_options() -> Result<Options> {
-    let mut o = Options { pods: 200, latency: Duration::from_millis(1), timeout: Duration::from_secs(120) };
+    let mut o = Options { pods: 200, ranges: RANGES.to_vec(), latency: Duration::from_millis(1), timeout: Duration::from_secs(120) };
     let mut args = std::env::args().skip(1);
     while let Some(name) = args.next() {
         if name == "--help" || name == "-h" {
-            println!("bench_k8s_versus [--pods N (200)] [--latency-ms L (1)] [--timeout-ms T (120000)]");
+            println!("bench_k8s_versus [--pods N (200)] [--ranges A,B] [--latency-ms L (1)] [--timeout-ms T (120000)]");
             std::process::exit(0);
         }
         let value = args.next().with_context(|| format!("{name} needs a value"))?;
+        if name == "--ranges" {
+            // The harness's network keeps `&'static str`s; a bench runs once.
+            o.ranges = value.split(',').map(|r| &*Box::leak(r.trim().to_string().into_boxed_str())).collect();
+            continue;
+        }
         let number: u64 = value.parse().with_context(|| format!("{name} {value}: not a number"))?;
         match name.as_str() {
             "--pods" => o.pods = number as usize,
@@ -66,8 +75,16 @@ fn parse_options() -> Result<Options> {
             _ => bail!("unknown option {name} (see --help)"),
         }
     }
-    if o.pods == 0 || o.pods > 252 {
-        bail!("--pods must be 1..=252 (192.0.2.0/24 with the warm-up pod)");
+    // Room for every pod and the warm-up pod in each range (network and
+    // broadcast addresses excluded for IPv4).
+    for range in &o.ranges {
+        let (ip, prefix) = range.split_once('/').with_context(|| format!("range {range}: not a CIDR"))?;
+        let bits: u32 = if ip.contains(':') { 128 } else { 32 };
+        let prefix: u32 = prefix.parse().with_context(|| format!("range {range}: bad prefix"))?;
+        let room = 1u128.checked_shl(bits.saturating_sub(prefix)).unwrap_or(u128::MAX).saturating_sub(3);
+        if o.pods == 0 || o.pods as u128 > room {
+            bail!("--pods {} does not fit in {range} ({room} pods at most with the warm-up pod)", o.pods);
+        }
     }
     Ok(o)
 }
@@ -147,10 +164,10 @@ fn run(plugin: Plugin, latency: Option<Duration>, options: &Options) -> Result<R
         None => identity,
     };
     let conf = match plugin {
-        Plugin::Thereabouts => kubernetes_conf("versus", &kubeconfig, None, &RANGES),
-        Plugin::Whereabouts => peers::whereabouts_conf(work.path(), &kubeconfig, "", &RANGES)?,
+        Plugin::Thereabouts => kubernetes_conf("versus", &kubeconfig, None, &options.ranges),
+        Plugin::Whereabouts => peers::whereabouts_conf(work.path(), &kubeconfig, "", &options.ranges)?,
     };
-    let net = Network::new(conf.clone(), &RANGES, "versus");
+    let net = Network::new(conf.clone(), &options.ranges, "versus");
     let objects = Objects::admin(&cluster)?;
     let metrics = Metrics::admin(&cluster)?;
     let scrape = |_: &str| {
@@ -178,7 +195,7 @@ fn run(plugin: Plugin, latency: Option<Duration>, options: &Options) -> Result<R
     let duplicates = duplicates(&added);
     let (dels, _) = runner.phase(&format!("{label}: {} concurrent DELs", pods.len()), "DEL", &calls("DEL"), true);
     let left_entries = net.pools().iter().map(|(pool, _)| objects.allocations(pool).map(|a| a.len()).unwrap_or(0)).sum();
-    let left_reservations = reservations_in(&objects, &RANGES)?.len();
+    let left_reservations = reservations_in(&objects, &options.ranges)?.len();
     drop(proxy);
     Ok(Row { scenario, plugin, adds, dels, duplicates, left_entries, left_reservations })
 }
@@ -212,10 +229,10 @@ fn main() -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!();
     println!(
-        "{} concurrent ADDs then {} concurrent DELs, dual-stack {} with reservations, CRDs + RBAC only; {cores} cores",
+        "{} concurrent ADDs then {} concurrent DELs, ranges {} with reservations, CRDs + RBAC only; {cores} cores",
         options.pods,
         options.pods,
-        RANGES.join(" + ")
+        options.ranges.join(" + ")
     );
     println!();
     println!(
