@@ -287,7 +287,12 @@ impl KubeTransaction<'_> {
             return Ok(Outcome::Retry(refused));
         }
 
-        // 2. Pools, all at once; a failure undoes the ones written.
+        // 2. Pools; a failure undoes the ones written. In its turn a call sends
+        // them at once (one round trip). A first attempt sends them one after
+        // the other and stops at the first refusal: under contention most first
+        // attempts are refused, and a refused patch costs the apiserver an
+        // encoding and a patch application of the whole pool, so a lost race
+        // costs one of them, not one per range.
         let writes: Vec<&PoolUpdate> = updates.iter().copied().filter(|u| u.changes.iter().any(Change::touches_entries)).collect();
         let requests = match writes.iter().map(|u| self.pool_write_request(u)).collect::<Result<Vec<Request>, DatastoreError>>() {
             Ok(requests) => requests,
@@ -296,8 +301,22 @@ impl KubeTransaction<'_> {
                 return Err(e);
             }
         };
-        let answers = self.store.call_all(&requests, deadline, WRITE_TIMEOUT, THROTTLE_RETRIES);
-        let results: Vec<Result<Outcome, DatastoreError>> = writes.iter().zip(answers).map(|(u, answer)| self.pool_write_outcome(u, answer)).collect();
+        let results: Vec<Result<Outcome, DatastoreError>> = if matches!(self.turn, TurnState::NotYet) {
+            let mut results = Vec::with_capacity(writes.len());
+            for (u, request) in writes.iter().zip(&requests) {
+                let answer = self.store.call_all(std::slice::from_ref(request), deadline, WRITE_TIMEOUT, THROTTLE_RETRIES).remove(0);
+                let result = self.pool_write_outcome(u, answer);
+                let refused = !matches!(result, Ok(Outcome::Committed));
+                results.push(result);
+                if refused {
+                    break;
+                }
+            }
+            results
+        } else {
+            let answers = self.store.call_all(&requests, deadline, WRITE_TIMEOUT, THROTTLE_RETRIES);
+            writes.iter().zip(answers).map(|(u, answer)| self.pool_write_outcome(u, answer)).collect()
+        };
         // Whatever happened, the objects read are stale now.
         for u in &writes {
             self.read.remove(&u.pool.name);
