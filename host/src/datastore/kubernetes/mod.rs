@@ -51,9 +51,12 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// a slow answer there is progress, not an outage; abandoning it after
 /// [`REQUEST_TIMEOUT`] would fail the call while the write may still land.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Answers 429/503/504 are retried this often (jittered backoff from 50 ms,
-/// or the server's `retryAfterSeconds`), within the deadline.
-const THROTTLE_RETRIES: u32 = 4;
+/// Answers 429/503/504 ("try again later": the apiserver's flow control
+/// turning requests away under a burst, an overloaded or restarting apiserver)
+/// are retried with a jittered backoff from 50 ms to 1 s (or the server's
+/// `retryAfterSeconds`) until the call's deadline: a fixed few retries turned a
+/// burst of 500 ADDs into 16 failures within a second of flow control's 429s.
+const THROTTLE_RETRIES: u32 = u32::MAX;
 /// Time allowed to undo a failed commit even when the call's deadline has passed:
 /// leaving half a commit behind is worse than answering a little late.
 const CLEANUP_GRACE: Duration = Duration::from_secs(2);

@@ -372,8 +372,8 @@ fn answers_are_classed_as_denied_unavailable_or_rejected() {
         (vec![status(403)], "denied"),
         (vec![status(500)], "unavailable"),
         (vec![status(502)], "unavailable"),
-        // Throttled: retried a few times while time remains.
-        ((0..=THROTTLE_RETRIES).map(|_| status(429)).collect(), "unavailable"),
+        // Throttled, then served: retried.
+        (vec![status(429), status(429), ok()], "ok"),
         (vec![status(503), ok()], "ok"),
         (vec![Answer::Unreachable], "unavailable"),
         (vec![Answer::Silent], "unavailable"),
@@ -396,6 +396,15 @@ fn answers_are_classed_as_denied_unavailable_or_rejected() {
         assert_eq!(log.lines(), vec![format!("GET {API}/ippools?limit=1"); requests]);
         assert!(script.is_done());
     }
+}
+
+#[test]
+fn throttling_is_retried_until_the_deadline_then_unavailable() {
+    let (s, log, _) = store("ns", (0..100).map(|_| Answer::Status(429, "TooManyRequests", Value::Null)).collect());
+    let e = s.check_usable(Instant::now() + Duration::from_secs(3)).unwrap_err();
+    assert!(matches!(e, DatastoreError::Unavailable { .. }), "{e}");
+    // More than the 5 a fixed 4 retries sent (the backoff reaches 1 s).
+    assert!(log.lines().len() >= 6, "{:?}", log.lines());
 }
 
 #[test]
