@@ -138,37 +138,25 @@ impl KubernetesStore {
     }
 
     /// One request, bounded by `deadline` and [`REQUEST_TIMEOUT`]; 429/503/504
-    /// are retried a few times while time remains. Transport failures are
-    /// returned as errors, API failures as [`Reply::Status`].
+    /// are retried while time remains ([`THROTTLE_RETRIES`]). Transport failures
+    /// are returned as errors, API failures as [`Reply::Status`].
     fn call(&self, method: Method, path: &str, body: Option<(&str, &Value)>, action: &str, deadline: Instant) -> Result<Reply, DatastoreError> {
-        self.call_within(method, path, body, action, deadline, REQUEST_TIMEOUT, THROTTLE_RETRIES)
-    }
-
-    /// [`call`](Self::call) with another cap than [`REQUEST_TIMEOUT`] on the wait
-    /// for one answer, and another number of retries of 429/503/504.
-    #[allow(clippy::too_many_arguments, reason = "call's arguments plus its two limits")]
-    fn call_within(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<(&str, &Value)>,
-        action: &str,
-        deadline: Instant,
-        cap: Duration,
-        throttle_retries: u32,
-    ) -> Result<Reply, DatastoreError> {
         let request = Request { method, path: path.to_string(), body: body.map(|(t, v)| (t.to_string(), v.clone())), action: action.to_string() };
-        self.runtime.block_on(self.send(&request, deadline, cap, throttle_retries))
+        self.call_one(&request, deadline, REQUEST_TIMEOUT, THROTTLE_RETRIES)
     }
 
-    /// Several requests at once, each as [`call_within`](Self::call_within)
-    /// would send it; the answers in the order of `requests`. For the requests
-    /// of one stage of a commit that do not depend on each other (a pool per
-    /// range): one round trip instead of one per range.
+    /// [`call`](Self::call) of a [`Request`], with another cap than
+    /// [`REQUEST_TIMEOUT`] on the wait for one answer, and another number of
+    /// retries of 429/503/504.
+    fn call_one(&self, request: &Request, deadline: Instant, cap: Duration, throttle_retries: u32) -> Result<Reply, DatastoreError> {
+        self.runtime.block_on(self.send(request, deadline, cap, throttle_retries))
+    }
+
+    /// Several requests at once, each as [`call_one`](Self::call_one) would
+    /// send it; the answers in the order of `requests`. For the requests of one
+    /// stage of a commit that do not depend on each other (a pool per range):
+    /// one round trip instead of one per range.
     fn call_all(&self, requests: &[Request], deadline: Instant, cap: Duration, throttle_retries: u32) -> Vec<Result<Reply, DatastoreError>> {
-        if let [one] = requests {
-            return vec![self.runtime.block_on(self.send(one, deadline, cap, throttle_retries))];
-        }
         self.runtime.block_on(futures_util::future::join_all(requests.iter().map(|r| self.send(r, deadline, cap, throttle_retries))))
     }
 
@@ -264,15 +252,22 @@ impl KubernetesStore {
     /// DELETE with a uid precondition (only the object we know, never a successor).
     fn delete_reservation(&self, name: &str, uid: &str, deadline: Instant) -> Result<(), DatastoreError> {
         let action = format!("deleting OverlappingRangeIPReservation {}/{name}", self.namespace);
+        let preconditions = (!uid.is_empty()).then(|| json!({"uid": uid}));
+        self.delete_guarded(&self.reservation_path(name), preconditions, &action, deadline)
+    }
+
+    /// DELETE of the object at `path`, only as `preconditions` (DeleteOptions)
+    /// describe it when given. Gone already, or replaced by someone else's (a
+    /// precondition failed): fine, nothing of ours is left there.
+    fn delete_guarded(&self, path: &str, preconditions: Option<Value>, action: &str, deadline: Instant) -> Result<(), DatastoreError> {
         let mut options = json!({"apiVersion": "v1", "kind": "DeleteOptions"});
-        if !uid.is_empty() {
-            options["preconditions"] = json!({"uid": uid});
+        if let Some(preconditions) = preconditions {
+            options["preconditions"] = preconditions;
         }
-        match self.call(Method::DELETE, &self.reservation_path(name), Some((JSON, &options)), &action, deadline)? {
+        match self.call(Method::DELETE, path, Some((JSON, &options)), action, deadline)? {
             Reply::Object(_) => Ok(()),
-            // Gone already, or replaced by someone else's (uid precondition failed).
             Reply::Status(s) if s.code == 404 || s.code == 409 => Ok(()),
-            Reply::Status(s) => Err(self.status_error(&s, &action)),
+            Reply::Status(s) => Err(self.status_error(&s, action)),
         }
     }
 }

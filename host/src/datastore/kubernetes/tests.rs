@@ -82,6 +82,22 @@ fn tickets(items: Vec<Value>) -> Answer {
     Answer::Ok(json!({"metadata": {"resourceVersion": "100"}, "items": items}))
 }
 
+/// The answers to a first attempt at 192.0.2.1 of pool `p` that `refusal`
+/// turns down, up to the ticket `t1` (version 20) it then creates: read,
+/// reservation, the refused patch, the reservation freed before queueing.
+fn first_attempt_refused(p: &PoolId, refusal: Answer) -> Vec<Answer> {
+    vec![listed(p, "10", "12", json!({})), created("u1"), refusal, ok(), Answer::Ok(ticket("t1", "20", &p.name))]
+}
+
+/// Begins a call on `p` and runs the first attempt [`first_attempt_refused`]
+/// scripts; it returns having taken its turn or gone without one.
+fn lose_first_attempt<'s>(s: &'s KubernetesStore, p: &PoolId) -> Box<dyn Transaction + 's> {
+    let mut tx = s.begin(std::slice::from_ref(p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[add(p, "10", "192.0.2.1", &alloc(1, "c1", "a"))])));
+    tx
+}
+
 fn uid_precondition(uid: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}})
 }
@@ -448,26 +464,14 @@ fn a_pool_the_apiserver_refuses_as_too_large_is_full_and_frees_its_reservation()
 #[test]
 fn a_lost_race_waits_for_the_ticket_ahead_to_go() {
     let p = pool("192.0.2.0/24");
-    let a = alloc(1, "c1", "a");
     let deleted = Answer::Ok(json!({"type": "DELETED", "object": ticket("t0", "19", &p.name)}));
-    let (s, log, _) = store(
-        "ns",
-        vec![
-            listed(&p, "10", "12", json!({})),
-            created("u1"),
-            // The pool moved since the read: the version test fails at once.
-            Answer::Status(422, "Invalid", json!({"causes": [{"message": "testing value /metadata/resourceVersion failed"}]})),
-            ok(),
-            Answer::Ok(ticket("t1", "20", &p.name)),
-            // Ahead: t0 (same pool, older); not t2 (newer) nor t9 (another pool).
-            tickets(vec![ticket("t0", "19", &p.name), ticket("t2", "21", &p.name), ticket("t9", "18", "other")]),
-            deleted,
-            ok(),
-        ],
-    );
-    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
-    tx.load().unwrap();
-    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
+    // The pool moved since the read: the version test fails at once.
+    let mut answers =
+        first_attempt_refused(&p, Answer::Status(422, "Invalid", json!({"causes": [{"message": "testing value /metadata/resourceVersion failed"}]})));
+    // Ahead: t0 (same pool, older); not t2 (newer) nor t9 (another pool).
+    answers.extend([tickets(vec![ticket("t0", "19", &p.name), ticket("t2", "21", &p.name), ticket("t9", "18", "other")]), deleted, ok()]);
+    let (s, log, _) = store("ns", answers);
+    let tx = lose_first_attempt(&s, &p);
     assert!(tx.serialized());
     assert_eq!(log.lines()[3], format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1"));
     assert_eq!(log.lines()[6], format!("GET {LEASES}?watch=true&fieldSelector=metadata.name%3Dt0&resourceVersion=100&timeoutSeconds=1"));
@@ -479,27 +483,11 @@ fn a_lost_race_waits_for_the_ticket_ahead_to_go() {
 #[test]
 fn a_queue_that_shows_no_sign_of_life_loses_its_head() {
     let p = pool("192.0.2.0/24");
-    let a = alloc(1, "c1", "a");
     let stuck = || tickets(vec![ticket("t0", "19", &p.name)]);
-    let (s, log, _) = store(
-        "ns",
-        vec![
-            listed(&p, "10", "12", json!({})),
-            created("u1"),
-            Answer::Status(409, "Conflict", Value::Null),
-            ok(),
-            Answer::Ok(ticket("t1", "20", &p.name)),
-            stuck(),
-            Answer::Silent,
-            stuck(),
-            ok(),
-            tickets(vec![]),
-            ok(),
-        ],
-    );
-    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
-    tx.load().unwrap();
-    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
+    let mut answers = first_attempt_refused(&p, Answer::Status(409, "Conflict", Value::Null));
+    answers.extend([stuck(), Answer::Silent, stuck(), ok(), tickets(vec![]), ok()]);
+    let (s, log, _) = store("ns", answers);
+    let tx = lose_first_attempt(&s, &p);
     assert!(tx.serialized());
     // Unchanged for a whole STALL: deleted, only as it was seen.
     assert_eq!(log.lines()[8], format!("DELETE {LEASES}/t0"));
@@ -510,19 +498,12 @@ fn a_queue_that_shows_no_sign_of_life_loses_its_head() {
 fn without_the_right_to_leases_a_lost_race_goes_on_without_a_turn() {
     let p = pool("192.0.2.0/24");
     let a = alloc(1, "c1", "a");
-    let (s, log, script) = store(
-        "ns",
-        vec![
-            listed(&p, "10", "12", json!({})),
-            created("u1"),
-            Answer::Status(409, "Conflict", Value::Null),
-            ok(),
-            Answer::Status(403, "Forbidden", Value::Null),
-        ],
-    );
-    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
-    tx.load().unwrap();
-    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
+    let mut answers = first_attempt_refused(&p, Answer::Status(409, "Conflict", Value::Null));
+    // The ticket is refused instead of created.
+    answers.pop();
+    answers.push(Answer::Status(403, "Forbidden", Value::Null));
+    let (s, log, script) = store("ns", answers);
+    let mut tx = lose_first_attempt(&s, &p);
     assert!(!tx.serialized());
     script.then(vec![listed(&p, "11", "13", json!({})), created("u2"), ok()]);
     tx.load().unwrap();
@@ -535,30 +516,15 @@ fn without_the_right_to_leases_a_lost_race_goes_on_without_a_turn() {
 #[test]
 fn a_watch_from_a_revision_too_old_lists_the_queue_again() {
     let p = pool("192.0.2.0/24");
-    let a = alloc(1, "c1", "a");
     let gone = Answer::Ok(
         json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired", "message": "too old resource version"}}),
     );
     let deleted = Answer::Ok(json!({"type": "DELETED", "object": ticket("t0", "19", &p.name)}));
     let ahead = || tickets(vec![ticket("t0", "19", &p.name)]);
-    let (s, log, _) = store(
-        "ns",
-        vec![
-            listed(&p, "10", "12", json!({})),
-            created("u1"),
-            Answer::Status(409, "Conflict", Value::Null),
-            ok(),
-            Answer::Ok(ticket("t1", "20", &p.name)),
-            ahead(),
-            gone,
-            ahead(),
-            deleted,
-            ok(),
-        ],
-    );
-    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
-    tx.load().unwrap();
-    assert!(conflict(tx.commit(&[add(&p, "10", "192.0.2.1", &a)])));
+    let mut answers = first_attempt_refused(&p, Answer::Status(409, "Conflict", Value::Null));
+    answers.extend([ahead(), gone, ahead(), deleted, ok()]);
+    let (s, log, _) = store("ns", answers);
+    let tx = lose_first_attempt(&s, &p);
     // Still in the queue, not gone ahead without a turn.
     assert!(tx.serialized());
     assert_eq!(log.lines().iter().filter(|l| l.contains("watch=true")).count(), 2);

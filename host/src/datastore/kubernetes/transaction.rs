@@ -159,7 +159,7 @@ impl Transaction for KubeTransaction<'_> {
         let replies = if self.serialized() {
             self.store.call_all(&requests, self.deadline, REQUEST_TIMEOUT, 0)
         } else {
-            requests.iter().map(|r| self.store.call_all(std::slice::from_ref(r), self.deadline, REQUEST_TIMEOUT, 0).remove(0)).collect()
+            requests.iter().map(|r| self.store.call_one(r, self.deadline, REQUEST_TIMEOUT, 0)).collect()
         };
         let mut fresh = HashMap::new();
         for (pool, reply) in to_read.into_iter().zip(replies) {
@@ -243,7 +243,8 @@ impl KubeTransaction<'_> {
 
         // 1. Reservations of new addresses, before any pool shows the address.
         // In its turn a call sends their POSTs at once, then looks at each
-        // answer in order; a first attempt sends them one by one (see `stage`).
+        // answer in order; a first attempt sends them one by one, as it reads
+        // (see `load`).
         let serves = |held: &HashMap<String, Held>, i: usize| held.get(reserves[i].1.as_str()).is_some_and(|h| h.serves(reserves[i].2));
         let mut posted: HashMap<usize, Result<Reply, DatastoreError>> = HashMap::new();
         if self.serialized() {
@@ -315,10 +316,10 @@ impl KubeTransaction<'_> {
                 return Err(e);
             }
         };
-        let results: Vec<Result<Outcome, DatastoreError>> = if !self.serialized() {
+        let mut results: Vec<Result<Outcome, DatastoreError>> = if !self.serialized() {
             let mut results = Vec::with_capacity(writes.len());
             for (u, request) in writes.iter().zip(&requests) {
-                let answer = self.store.call_all(std::slice::from_ref(request), deadline, WRITE_TIMEOUT, THROTTLE_RETRIES).remove(0);
+                let answer = self.store.call_one(request, deadline, WRITE_TIMEOUT, THROTTLE_RETRIES);
                 let result = self.pool_write_outcome(u, answer);
                 let refused = !matches!(result, Ok(Outcome::Committed));
                 results.push(result);
@@ -335,7 +336,10 @@ impl KubeTransaction<'_> {
         for u in &writes {
             self.read.remove(&u.pool.name);
         }
-        if results.iter().any(|r| !matches!(r, Ok(Outcome::Committed))) {
+        // The first error, else the first refusal: an error wins over a
+        // conflict, which retrying cannot help.
+        let failure = results.iter().position(Result::is_err).or_else(|| results.iter().position(|r| !matches!(r, Ok(Outcome::Committed))));
+        if let Some(failure) = failure {
             let written: Vec<&PoolUpdate> = writes.iter().zip(&results).filter(|(_, r)| matches!(r, Ok(Outcome::Committed))).map(|(u, _)| *u).collect();
             let cleanup = cleanup_deadline();
             // A write whose answer never came may still land (the apiserver
@@ -350,12 +354,7 @@ impl KubeTransaction<'_> {
             for unsure in self.undo(&written, cleanup) {
                 self.keep_reservations_of(&unsure);
             }
-            // An error wins over a conflict: retrying cannot help it.
-            let failed = match results.iter().position(Result::is_err) {
-                Some(i) => results.into_iter().nth(i),
-                None => results.into_iter().find(|r| !matches!(r, Ok(Outcome::Committed))),
-            };
-            let failed = failed.unwrap_or(Ok(Outcome::Committed));
+            let failed = results.swap_remove(failure);
             if failed.is_err() {
                 self.release_held(&BTreeSet::new(), cleanup);
             }
@@ -517,7 +516,7 @@ impl KubeTransaction<'_> {
         for _ in 0..2 {
             let reply = match posted.take() {
                 Some(reply) => reply?,
-                None => self.store.call_all(std::slice::from_ref(&request), deadline, REQUEST_TIMEOUT, THROTTLE_RETRIES).remove(0)?,
+                None => self.store.call_one(&request, deadline, REQUEST_TIMEOUT, THROTTLE_RETRIES)?,
             };
             let action = &request.action;
             match reply {

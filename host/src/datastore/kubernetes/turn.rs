@@ -91,7 +91,7 @@ impl Ticket {
 
 /// The ticket for `pools`, held by `holder` (for people reading the Lease).
 fn ticket_body(namespace: &str, pools: &BTreeSet<String>, holder: &str) -> Value {
-    let now = serde_json::to_value(MicroTime(k8s_openapi::jiff::Timestamp::now())).unwrap_or(Value::Null);
+    let now = now();
     json!({
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -272,12 +272,11 @@ fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, unti
 /// while the call waits for any answer), until aborted or refused.
 fn renew(store: &KubernetesStore, name: &str) -> tokio::task::AbortHandle {
     let client = store.client.clone();
-    let path = format!("{}/{name}", collection_path(&store.namespace));
+    let path = ticket_path(&store.namespace, name);
     store.runtime.spawn(async move {
         loop {
             tokio::time::sleep(RENEW_EVERY).await;
-            let now = serde_json::to_value(MicroTime(k8s_openapi::jiff::Timestamp::now())).unwrap_or(Value::Null);
-            let body = serde_json::to_vec(&json!({"spec": {"renewTime": now}})).unwrap_or_default();
+            let body = serde_json::to_vec(&json!({"spec": {"renewTime": now()}})).unwrap_or_default();
             let Ok(request) = http::Request::builder().method(Method::PATCH).uri(&path).header(http::header::CONTENT_TYPE, JSON_MERGE_PATCH).body(body) else {
                 return;
             };
@@ -291,17 +290,19 @@ fn renew(store: &KubernetesStore, name: &str) -> tokio::task::AbortHandle {
 /// Deletes ticket `name` (only at `version` when given), best effort.
 fn delete(store: &KubernetesStore, name: &str, version: Option<u64>) {
     let action = format!("deleting turn ticket {}/{name}", store.namespace);
-    let mut options = json!({"apiVersion": "v1", "kind": "DeleteOptions"});
-    if let Some(version) = version {
-        options["preconditions"] = json!({"resourceVersion": version.to_string()});
+    let preconditions = version.map(|v| json!({"resourceVersion": v.to_string()}));
+    if let Err(e) = store.delete_guarded(&ticket_path(&store.namespace, name), preconditions, &action, Instant::now() + CLEANUP_GRACE) {
+        logging::debug(format!("{e}"));
     }
-    let path = format!("{}/{name}", collection_path(&store.namespace));
-    match store.call(Method::DELETE, &path, Some((JSON, &options)), &action, Instant::now() + CLEANUP_GRACE) {
-        Ok(Reply::Object(_)) => {}
-        Ok(Reply::Status(s)) if s.code == 404 || s.code == 409 => {}
-        Ok(Reply::Status(s)) => logging::debug(format!("{}", store.status_error(&s, &action))),
-        Err(e) => logging::debug(format!("{action}: {e}")),
-    }
+}
+
+fn ticket_path(namespace: &str, name: &str) -> String {
+    format!("{}/{name}", collection_path(namespace))
+}
+
+/// Now, as a Lease's `MicroTime`.
+fn now() -> Value {
+    serde_json::to_value(MicroTime(k8s_openapi::jiff::Timestamp::now())).unwrap_or(Value::Null)
 }
 
 #[cfg(test)]
