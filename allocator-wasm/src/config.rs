@@ -203,6 +203,7 @@ fn range_specs(ipam: &Map<String, Value>) -> Result<Vec<RangeSpec>> {
             range_end: sloppy_ip(ipam, "range_end", "ipam.range_end", "range_end")?,
             exclude: gojson::strings(ipam, "exclude", "ipam.exclude")?,
             gateway: None,
+            node_slice_size: None,
         });
     }
     for (i, entry) in gojson::array(ipam, "ipRanges", "ipam.ipRanges")?.into_iter().flatten().enumerate() {
@@ -217,6 +218,7 @@ fn range_specs(ipam: &Map<String, Value>) -> Result<Vec<RangeSpec>> {
             range_end: strict_ip(entry, "range_end", &format!("{path}.range_end"))?,
             exclude: gojson::strings(entry, "exclude", &format!("{path}.exclude"))?,
             gateway: strict_ip(entry, "gateway", &format!("{path}.gateway"))?,
+            node_slice_size: gojson::string(entry, "node_slice_size", &format!("{path}.node_slice_size"))?,
             range,
             path,
         });
@@ -342,6 +344,43 @@ fn check_addresses_fit_version(cni_version: &str, ranges: &[NormalizedRange], st
     Ok(())
 }
 
+/// Applies `node_slice_size` (top-level, or an `ipRanges` entry's own) to the ranges.
+fn slice_ranges(ipam: &Map<String, Value>, specs: &[RangeSpec], ranges: &mut [NormalizedRange], base: &str) -> Result<()> {
+    let top = gojson::string(ipam, "node_slice_size", "ipam.node_slice_size")?.filter(|s| !s.is_empty());
+    let Some(first_cidr) = ranges.first().map(|r| r.cidr.clone()) else { return Ok(()) };
+    for (spec, range) in specs.iter().zip(ranges.iter_mut()) {
+        let (size, field) = match (&spec.node_slice_size, &top) {
+            (Some(own), _) if !own.is_empty() => (own, format!("{}.node_slice_size", spec.path)),
+            (_, Some(top)) => (top, if spec.path == "ipam" { "ipam.node_slice_size".to_string() } else { format!("{}.node_slice_size", spec.path) }),
+            _ => continue,
+        };
+        if !is_valid_object_name_part(base) {
+            return Err(ConfigError::invalid(
+                field,
+                format!(
+                    "node slices are recorded in a NodeSlicePool named after the network ({base:?}), which is not a valid object name; set ipam.network_name"
+                ),
+            ));
+        }
+        range.node_slicing = Some(crate::slices::slicing(range, size, &field, crate::slices::slice_pool_name(base, &first_cidr, range))?);
+    }
+    // Ranges of one network share its pools, and so must share its slices.
+    for (i, range) in ranges.iter().enumerate() {
+        if let Some(other) = ranges[..i].iter().find(|o| o.cidr == range.cidr && o.node_slicing != range.node_slicing) {
+            return Err(ConfigError::invalid(
+                format!("{}.node_slice_size", specs[i].path),
+                format!(
+                    "range {} is sliced differently from an earlier entry on the same network ({:?} against {:?})",
+                    range.cidr,
+                    range.node_slicing.as_ref().map(|s| s.prefix_len),
+                    other.node_slicing.as_ref().map(|s| s.prefix_len)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// See `normalize` in the WIT.
 pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) -> Result<NormalizedConfig> {
     let doc = parse_document(network_config, "network config")?;
@@ -368,7 +407,10 @@ pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) 
         ));
     }
     let gateway = sloppy_ip(&ipam, "gateway", "ipam.gateway", "gateway IP")?;
-    let mut ranges = range_specs(&ipam)?.iter().map(|spec| normalize_range(spec, gateway, &network_name)).collect::<Result<Vec<_>>>()?;
+    let specs = range_specs(&ipam)?;
+    let mut ranges = specs.iter().map(|spec| normalize_range(spec, gateway, &network_name)).collect::<Result<Vec<_>>>()?;
+    let slice_pool_base = if network_name.is_empty() { &net.name } else { &network_name };
+    slice_ranges(&ipam, &specs, &mut ranges, slice_pool_base)?;
     let addresses = static_addresses(&ipam, &args)?;
     if ranges.is_empty() && addresses.is_empty() {
         return Err(ConfigError::invalid("ipam.ipRanges", "no address range configured: set ipam.ipRanges (or the legacy ipam.range)"));

@@ -16,6 +16,7 @@ pub mod planner;
 pub mod pools;
 pub mod range;
 pub mod routes;
+pub mod slices;
 pub mod warnings;
 mod wit_convert;
 

@@ -9,7 +9,12 @@ use crate::ip::Family;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NormalizedRange {
     pub cidr: String,
+    /// The prefix results carry: `cidr`'s own, except in a node's slice, which
+    /// keeps its range's.
     pub prefix_len: u8,
+    /// `cidr`'s prefix length (the extent of `network`).
+    #[serde(skip)]
+    pub network_prefix: u8,
     pub family: Family,
     /// Network address as an integer.
     pub network: u128,
@@ -31,6 +36,17 @@ pub struct NormalizedRange {
     pub gateway: Option<String>,
     pub pool_name: String,
     pub requested: Option<String>,
+    /// `node_slice_size`: the range is divided among nodes (see `crate::slices`).
+    pub node_slicing: Option<NodeSlicing>,
+}
+
+/// How a range is divided among nodes (see `node-slicing` in the WIT).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeSlicing {
+    /// The `NodeSlicePool` recording which node holds which slice.
+    pub slice_pool: String,
+    /// Prefix length of every slice.
+    pub prefix_len: u8,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -57,7 +73,7 @@ pub struct DatastoreSettings {
 impl NormalizedRange {
     /// The last address of the range's network (its broadcast address).
     pub fn network_end(&self) -> u128 {
-        self.network | crate::ip::host_mask(self.family, self.prefix_len)
+        self.network | crate::ip::host_mask(self.family, self.network_prefix)
     }
 
     /// Whether `value`, an address of `family`, lies in the range's network.

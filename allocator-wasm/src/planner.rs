@@ -379,7 +379,7 @@ pub fn release(range: &NormalizedRange, network_name: &str, allocations: &[Alloc
 
 /// The address at an offset of a range's network.
 pub fn address_at(range: &NormalizedRange, offset: u128) -> Option<IpAddr> {
-    (offset <= crate::ip::host_mask(range.family, range.prefix_len)).then(|| from_u128(range.family, range.network + offset))
+    (offset <= crate::ip::host_mask(range.family, range.network_prefix)).then(|| from_u128(range.family, range.network + offset))
 }
 
 /// The offset of an address inside a range's network.

@@ -22,6 +22,9 @@ pub struct RangeSpec {
     pub exclude: Vec<String>,
     /// The entry's own gateway (thereabouts extension for `ipRanges` items).
     pub gateway: Option<IpAddr>,
+    /// The entry's own `node_slice_size` (thereabouts extension for `ipRanges`
+    /// items; the top-level one applies to entries without).
+    pub node_slice_size: Option<String>,
 }
 
 /// Normalize one range entry. `default_gateway` is the top-level `gateway`, used
@@ -93,6 +96,7 @@ pub fn normalize_range(spec: &RangeSpec, default_gateway: Option<IpAddr>, networ
         pool_name: naming::pool_name_for_network(&canonical, network_name),
         cidr: canonical,
         prefix_len: cidr.prefix,
+        network_prefix: cidr.prefix,
         family,
         network,
         first: format_ip(from_u128(family, first)),
@@ -105,6 +109,7 @@ pub fn normalize_range(spec: &RangeSpec, default_gateway: Option<IpAddr>, networ
         usable: span - excluded_count,
         gateway: gateway.map(format_ip),
         requested: None,
+        node_slicing: None,
     })
 }
 
@@ -173,7 +178,7 @@ fn merge_intervals(mut blocks: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
 /// Rebuild the derived parts of a range (network, merged excluded intervals,
 /// gateway included) from the fields a `normalized-range` record carries across
 /// the component boundary.
-pub fn derived_parts(cidr: &str, first_offset: u128, last_offset: u128, exclude_cidrs: &[String], gateway: Option<&str>) -> Result<(u128, Vec<(u128, u128)>)> {
+pub fn derived_parts(cidr: &str, first_offset: u128, last_offset: u128, exclude_cidrs: &[String], gateway: Option<&str>) -> Result<(Cidr, Vec<(u128, u128)>)> {
     let parsed = ip::parse_cidr(cidr, false).ok_or_else(|| ConfigError::invalid("range.cidr", format!("invalid CIDR {cidr:?}")))?;
     let network = parsed.network();
     let (first, last) = (network + first_offset, network.saturating_add(last_offset));
@@ -188,7 +193,7 @@ pub fn derived_parts(cidr: &str, first_offset: u128, last_offset: u128, exclude_
     let gateway = gateway
         .map(|text| ip::parse_ip_strict(text).ok_or_else(|| ConfigError::invalid("range.gateway", format!("invalid IP address {text:?}"))))
         .transpose()?;
-    Ok((network, excluded_blocks(network, first, last, parsed.family(), &excludes, gateway)))
+    Ok((parsed, excluded_blocks(network, first, last, parsed.family(), &excludes, gateway)))
 }
 
 #[cfg(test)]

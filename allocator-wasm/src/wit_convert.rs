@@ -81,6 +81,7 @@ macro_rules! wit_conversions {
                     gateway: r.gateway.clone(),
                     pool_name: r.pool_name.clone(),
                     requested: r.requested.clone(),
+                    node_slicing: r.node_slicing.as_ref().map(|s| wit::NodeSlicing { slice_pool: s.slice_pool.clone(), prefix_len: s.prefix_len }),
                 }
             }
 
@@ -88,14 +89,15 @@ macro_rules! wit_conversions {
             /// again from the CIDR, the exclude CIDRs and the gateway (and so validated).
             pub fn range_from_wit(r: wit::NormalizedRange) -> Result<model::NormalizedRange, ConfigError> {
                 let (first_offset, last_offset) = (from_offset(r.first_offset), from_offset(r.last_offset));
-                let (network, excluded) = $crate::range::derived_parts(&r.cidr, first_offset, last_offset, &r.exclude_cidrs, r.gateway.as_deref())?;
+                let (parsed, excluded) = $crate::range::derived_parts(&r.cidr, first_offset, last_offset, &r.exclude_cidrs, r.gateway.as_deref())?;
                 let usable = r.usable.parse().map_err(|_| ConfigError::invalid("range.usable", format!("not a count: {:?}", r.usable)))?;
                 Ok(model::NormalizedRange {
                     usable,
                     family: family_from_wit(r.family),
                     cidr: r.cidr,
                     prefix_len: r.prefix_len,
-                    network,
+                    network_prefix: parsed.prefix,
+                    network: parsed.network(),
                     first: r.first,
                     last: r.last,
                     first_offset,
@@ -106,6 +108,7 @@ macro_rules! wit_conversions {
                     gateway: r.gateway,
                     pool_name: r.pool_name,
                     requested: r.requested,
+                    node_slicing: r.node_slicing.map(|s| model::NodeSlicing { slice_pool: s.slice_pool, prefix_len: s.prefix_len }),
                 })
             }
 

@@ -10,6 +10,7 @@ use thereabouts_allocator::model::{NormalizedConfig, PreviewTable};
 
 use crate::component::EngineComponent;
 use crate::json::pretty;
+use crate::placement::{Claims, Placement};
 use crate::{datastore, ipam, network_config};
 
 #[derive(Debug, Parser)]
@@ -54,6 +55,32 @@ pub enum CliCommand {
         #[arg(long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Run the cluster controller: lays out node slices (NodeSlicePools) for
+    /// every NetworkAttachmentDefinition with node_slice_size; leader-elected
+    Controller {
+        /// kubeconfig file (default: the in-cluster configuration)
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// Namespace of the NodeSlicePools and IPPools (the plugins' kubeconfig namespace)
+        #[arg(long, env = "THEREABOUTS_NAMESPACE", default_value = "kube-system")]
+        namespace: String,
+        /// This replica's name in the Lease (default: POD_NAME, else the host name)
+        #[arg(long, env = "POD_NAME")]
+        identity: Option<String>,
+        /// Leader-election Lease duration, in seconds
+        #[arg(long, default_value_t = 15)]
+        lease_seconds: u64,
+        /// Seconds between full passes, besides the passes on changes
+        #[arg(long, default_value_t = 30)]
+        resync_seconds: u64,
+        /// Seconds a handed-back slice waits before another node may take it;
+        /// must exceed the plugin's longest call (its ADD budget, 120 s)
+        #[arg(long, default_value_t = 150)]
+        cool_down_seconds: u64,
+        /// One pass without leader election, then exit
+        #[arg(long)]
+        once: bool,
+    },
     /// Write the embedded engine WebAssembly component (what the playground runs)
     EngineComponent {
         #[arg(long, value_name = "FILE")]
@@ -71,6 +98,18 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         CliCommand::Preview { config, pods, output, from_datastore } => preview(&config, pods, output, from_datastore),
         CliCommand::Pools { config, output } => pools(&config, output),
+        CliCommand::Controller { kubeconfig, namespace, identity, lease_seconds, resync_seconds, cool_down_seconds, once } => {
+            let identity = identity.unwrap_or_else(|| crate::node_name::discover(None).unwrap_or_else(|_| "thereabouts-controller".into()));
+            crate::controller::run(crate::controller::Options {
+                kubeconfig,
+                namespace,
+                identity: format!("{identity}-{}", std::process::id()),
+                lease_seconds,
+                resync: std::time::Duration::from_secs(resync_seconds),
+                cool_down: std::time::Duration::from_secs(cool_down_seconds),
+                once,
+            })
+        }
         CliCommand::EngineComponent { out } => std::fs::write(&out, crate::component::COMPONENT_WASM).with_context(|| format!("writing {}", out.display())),
     }
 }
@@ -198,7 +237,10 @@ fn pools(path: &Path, output: Output) -> Result<()> {
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
     let store = datastore::open(&config.datastore, &config.name)?;
-    let usage = ipam::usage(&mut engine, store.as_ref(), &config, command_deadline())?;
+    let deadline = command_deadline();
+    // With node slices: this node's slices (NODENAME), each a row.
+    let placement = Placement::resolve(&mut engine, store.as_ref(), &config, Claims::None, deadline)?;
+    let usage = ipam::usage(&mut engine, store.as_ref(), &placement.expanded(&config), deadline)?;
     let report = PoolsReport {
         datastore: store.describe(),
         ranges: usage

@@ -121,6 +121,25 @@ impl EngineComponent {
         Ok(out.into_iter().map(released_from_wit).collect())
     }
 
+    pub fn node_slices(&mut self, range: &model::NormalizedRange) -> Result<Result<Vec<String>, ConfigError>> {
+        let api = self.instance.thereabouts_ipam_engine();
+        Ok(api.call_node_slices(&mut self.store, &range_to_wit(range))?.map_err(error_from_wit))
+    }
+
+    pub fn slice_of_range(
+        &mut self,
+        range: &model::NormalizedRange,
+        network_name: &str,
+        node: &str,
+        slice: &str,
+    ) -> Result<Result<model::NormalizedRange, ConfigError>> {
+        let api = self.instance.thereabouts_ipam_engine();
+        Ok(match api.call_slice_of_range(&mut self.store, &range_to_wit(range), network_name, node, slice)? {
+            Ok(r) => Ok(range_from_wit(r).map_err(inconsistent)?),
+            Err(e) => Err(error_from_wit(e)),
+        })
+    }
+
     pub fn usage(&mut self, config: &model::NormalizedConfig, pools: &[model::PoolState]) -> Result<Vec<model::RangeUsage>> {
         let api = self.instance.thereabouts_ipam_engine();
         let pools: Vec<_> = pools.iter().map(pool_to_wit).collect();

@@ -6,6 +6,7 @@
 //! conflicts the call met (`request.contention`): racing ADDs then spread over
 //! the lowest free addresses instead of all planning the lowest one again.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,7 @@ use thereabouts_allocator::model::{
 
 use crate::component::{EngineComponent, EngineFailure};
 use crate::datastore::{Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction};
+use crate::placement::Placement;
 
 /// Why a command's allocation cycle failed.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +33,10 @@ pub enum IpamError {
     /// The engine answered something that contradicts what it was given: a bug.
     #[error("engine answer inconsistent: {detail}")]
     EngineAnswer { detail: &'static str },
+    /// Every slice this node holds of a sliced range is full: claim another
+    /// ([`Placement::claim`]) and allocate again.
+    #[error("the node's slices of range {cidr} are full")]
+    SlicesFull { range_index: usize, cidr: String },
 }
 
 /// Who a call is about: CNI_CONTAINERID and CNI_IFNAME.
@@ -46,8 +52,46 @@ pub fn pool_of(range: &NormalizedRange) -> PoolId {
 
 /// The config's pools, each once, in range order (two ranges may share a pool).
 fn distinct_pools(config: &NormalizedConfig) -> Vec<PoolId> {
+    distinct_pools_of(&config.ranges)
+}
+
+fn distinct_pools_of<'a>(ranges: impl IntoIterator<Item = &'a NormalizedRange>) -> Vec<PoolId> {
     let mut seen = HashSet::new();
-    config.ranges.iter().map(pool_of).filter(|p| seen.insert(p.name.clone())).collect()
+    ranges.into_iter().map(pool_of).filter(|p| seen.insert(p.name.clone())).collect()
+}
+
+/// The config an ADD plans: each range's choice ([`Placement`]) that holds the
+/// attachment's entry already, else the first with a free address. Without node
+/// slices, the config itself.
+fn chosen<'c>(
+    config: &'c NormalizedConfig,
+    placement: &Placement,
+    loaded: &BTreeMap<String, Pool>,
+    asking: Holder,
+) -> Result<Cow<'c, NormalizedConfig>, IpamError> {
+    if !placement.is_sliced() {
+        return Ok(Cow::Borrowed(config));
+    }
+    let mut ranges = Vec::with_capacity(config.ranges.len());
+    for (index, choices) in placement.choices.iter().enumerate() {
+        let in_span = |r: &NormalizedRange, o: u128| o >= r.first_offset && o <= r.last_offset && !r.excluded.iter().any(|(lo, hi)| (*lo..=*hi).contains(&o));
+        let holds = |r: &NormalizedRange| entries_of(loaded, &r.pool_name).iter().any(|e| same_holder(e.holder(), asking) && in_span(r, e.offset));
+        let has_room = |r: &NormalizedRange| {
+            let pool = loaded.get(&r.pool_name);
+            let entries = pool.map(|p| p.entries.iter().map(|e| e.offset)).into_iter().flatten();
+            let reserved = pool.map(|p| p.reserved.iter().copied()).into_iter().flatten();
+            let taken: BTreeSet<u128> = entries.chain(reserved).filter(|o| in_span(r, *o)).collect();
+            (taken.len() as u128) < r.usable
+        };
+        let pick = choices.iter().find(|r| holds(r)).or_else(|| choices.iter().find(|r| has_room(r)));
+        match (pick, config.ranges.get(index)) {
+            (Some(range), _) => ranges.push(range.clone()),
+            (None, Some(whole)) if whole.node_slicing.is_some() => return Err(IpamError::SlicesFull { range_index: index, cidr: whole.cidr.clone() }),
+            // Unsliced and full: the engine says so in whereabouts' words.
+            (None, _) => ranges.push(choices.first().cloned().ok_or(IpamError::EngineAnswer { detail: "a range without a choice" })?),
+        }
+    }
+    Ok(Cow::Owned(NormalizedConfig { ranges, ..config.clone() }))
 }
 
 /// The transaction's pools as loaded, by name.
@@ -191,23 +235,26 @@ pub fn allocate(
     engine: &mut EngineComponent,
     store: &dyn Datastore,
     config: &NormalizedConfig,
+    placement: &Placement,
     who: Attachment,
     deadline: Instant,
 ) -> Result<Vec<Assignment>, IpamError> {
     let mut request =
         Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None, contention: 0 };
-    let pools = distinct_pools(config);
+    let pools = distinct_pools_of(placement.choices.iter().flatten());
     let reserving = reserves(store, config);
     cycle(store, &pools, Purpose::Update, deadline, "ADD", |loaded, conflicts| {
         request.contention = conflicts;
-        let states: Vec<PoolState> = pools
+        let asking = Holder { container_id: &request.container_id, pod_ref: &request.pod_ref, ifname: &request.ifname };
+        let config = chosen(config, placement, loaded, asking)?;
+        let config = config.as_ref();
+        let states: Vec<PoolState> = distinct_pools(config)
             .iter()
             .map(|pool| {
                 let entries = entries_of(loaded, &pool.name);
                 let mut state = pool_state(pool, entries);
                 // The pod's own entries (the container's outside Kubernetes): the
                 // engine decides whether one is this attachment's address to keep.
-                let asking = Holder { container_id: &request.container_id, pod_ref: &request.pod_ref, ifname: &request.ifname };
                 state.snapshot.held = entries.iter().filter(|e| same_holder(e.holder(), asking)).cloned().collect();
                 // Addresses an earlier attempt found reserved by an overlapping range.
                 if reserving {
@@ -333,24 +380,33 @@ pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &Nor
     Ok(removed)
 }
 
-/// CHECK: the attachment's entry in each range, `None` where it has none.
+/// CHECK: the attachment's entry in each range of the config, with the range
+/// (or node slice) it is in; `None` where it has none.
 pub fn find(
     engine: &mut EngineComponent,
     store: &dyn Datastore,
     config: &NormalizedConfig,
+    placement: &Placement,
     who: Attachment,
     deadline: Instant,
-) -> Result<Vec<Option<Allocation>>, IpamError> {
-    let loaded = read_all(store, &distinct_pools(config), deadline)?;
+) -> Result<Vec<Option<(NormalizedRange, Allocation)>>, IpamError> {
+    let loaded = read_all(store, &distinct_pools_of(placement.choices.iter().flatten()), deadline)?;
     let mut found = Vec::with_capacity(config.ranges.len());
-    for range in &config.ranges {
-        let entries = entries_of(&loaded, &range.pool_name);
-        // Entries inside this range only: two ranges may share a pool with
-        // different range_start/range_end.
-        let matching = engine.release(range, &config.network_name, entries, &[who.into()]).map_err(EngineFailure)?;
-        found.push(
-            matching.iter().filter_map(|m| entries.get(m.index as usize)).find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset).cloned(),
-        );
+    for choices in &placement.choices {
+        let mut hit = None;
+        for range in choices {
+            let entries = entries_of(&loaded, &range.pool_name);
+            // Entries inside this range only: two ranges may share a pool with
+            // different range_start/range_end.
+            let matching = engine.release(range, &config.network_name, entries, &[who.into()]).map_err(EngineFailure)?;
+            if let Some(entry) =
+                matching.iter().filter_map(|m| entries.get(m.index as usize)).find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset)
+            {
+                hit = Some((range.clone(), entry.clone()));
+                break;
+            }
+        }
+        found.push(hit);
     }
     Ok(found)
 }

@@ -11,8 +11,11 @@
 pub mod cli;
 pub mod cni;
 pub mod component;
+pub mod controller;
 pub mod datastore;
 pub mod ipam;
 pub mod json;
 pub mod logging;
 pub mod network_config;
+pub mod node_name;
+pub mod placement;

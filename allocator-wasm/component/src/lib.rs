@@ -62,6 +62,15 @@ impl Guest for Component {
         Ok(planner::release(&range, &network_name, &allocations, &attachments).into_iter().map(released_to_wit).collect())
     }
 
+    fn node_slices(range: wit::NormalizedRange) -> Result<Vec<String>, wit::ConfigError> {
+        thereabouts_allocator::slices::layout(&range_from_wit(range).map_err(error_to_wit)?).map_err(error_to_wit)
+    }
+
+    fn slice_of_range(range: wit::NormalizedRange, network_name: String, node: String, slice: String) -> Result<wit::NormalizedRange, wit::ConfigError> {
+        let range = range_from_wit(range).map_err(error_to_wit)?;
+        thereabouts_allocator::slices::in_slice(&range, &network_name, &node, &slice).map(|r| range_to_wit(&r)).map_err(error_to_wit)
+    }
+
     fn usage(config: wit::NormalizedConfig, pools: Vec<wit::PoolState>) -> Result<Vec<wit::RangeUsage>, wit::ConfigError> {
         let config = config_from_wit(config).map_err(error_to_wit)?;
         Ok(pools::usage(&config, &pools_from_wit(pools)).into_iter().map(usage_to_wit).collect())

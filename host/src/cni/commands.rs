@@ -19,6 +19,7 @@ use crate::ipam::{self, Attachment};
 use crate::json::pretty;
 use crate::logging;
 use crate::network_config;
+use crate::placement::{Claims, Placement};
 
 /// The newest spec version we speak; VERSION answers with it when stdin names none.
 pub const LATEST_VERSION: &str = "1.1.0";
@@ -102,7 +103,15 @@ fn deadline(default: std::time::Duration) -> Instant {
 }
 
 fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<String, CniError> {
-    let assignments = ipam::allocate(engine, store, config, who, deadline(retry::ADD_BUDGET))?;
+    let deadline = deadline(retry::ADD_BUDGET);
+    let mut placement = Placement::resolve(engine, store, config, Claims::Allowed, deadline)?;
+    let assignments = loop {
+        match ipam::allocate(engine, store, config, &placement, who, deadline) {
+            // The node's slices are full: it claims another and tries again.
+            Err(ipam::IpamError::SlicesFull { range_index, .. }) => placement.claim(engine, store, config, range_index, deadline)?,
+            other => break other?,
+        }
+    };
     let result = build_result(config, &assignments)?;
     logging::verbose(format!("ADD {}/{}: {}", who.container_id, who.ifname, result.ips.iter().map(|ip| ip.address.as_str()).collect::<Vec<_>>().join(", ")));
     result.to_json(&config.cni_version)
@@ -135,7 +144,9 @@ pub fn build_result(config: &NormalizedConfig, assignments: &[Assignment]) -> Re
 }
 
 fn del(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<(), CniError> {
-    let removed = ipam::release(engine, store, config, who, deadline(retry::OTHER_BUDGET))?;
+    let deadline = deadline(retry::OTHER_BUDGET);
+    let placement = Placement::resolve(engine, store, config, Claims::None, deadline)?;
+    let removed = ipam::release(engine, store, &placement.expanded(config), who, deadline)?;
     logging::verbose(format!("DEL {}/{}: released {removed} allocation(s)", who.container_id, who.ifname));
     Ok(())
 }
@@ -145,14 +156,16 @@ fn del(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
 fn check(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, stdin: &str) -> Result<(), CniError> {
     require_version(config, Command::Check, "0.4.0")?;
     let previous = prev_result_addresses(stdin)?;
-    let found = ipam::find(engine, store, config, who, deadline(retry::OTHER_BUDGET))?;
+    let deadline = deadline(retry::OTHER_BUDGET);
+    let placement = Placement::resolve(engine, store, config, Claims::None, deadline)?;
+    let found = ipam::find(engine, store, config, &placement, who, deadline)?;
     let mut ours = Vec::new();
-    for (range, entry) in config.ranges.iter().zip(found) {
-        let entry = entry.ok_or_else(|| {
+    for (range, found) in config.ranges.iter().zip(found) {
+        let (range, entry) = found.ok_or_else(|| {
             CniError::new(code::INTERNAL, format!("no allocation in range {} for container {} interface {}", range.cidr, who.container_id, who.ifname))
         })?;
         ours.push(
-            ipam::address_of(range, entry.offset)
+            ipam::address_of(&range, entry.offset)
                 .ok_or_else(|| CniError::new(code::INTERNAL, format!("stored offset {} is outside {}", entry.offset, range.cidr)))?,
         );
     }
@@ -250,6 +263,10 @@ fn status(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normaliz
     let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
     let deadline = deadline(retry::OTHER_BUDGET);
     store.check_usable(deadline).map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
+    if config.ranges.iter().any(|r| r.node_slicing.is_some()) {
+        // A node whose slices are full claims another on its next ADD.
+        return Ok(());
+    }
     let pools = ipam::pool_states(store, config, deadline).map_err(|e| unavailable(format!("datastore unusable: {e}")))?;
     let next = engine.preview(config, &pools, 1).map_err(EngineFailure)?;
     match next.failure.and_then(|f| config.ranges.get(f.range_index as usize)) {

@@ -94,7 +94,9 @@ impl From<ConfigLoadError> for CniError {
 /// wrong in the config, 999 otherwise.
 fn datastore_code(e: &DatastoreError) -> u32 {
     match e {
-        DatastoreError::Timeout { .. } | DatastoreError::Io { .. } | DatastoreError::Unavailable { .. } => code::TRY_AGAIN_LATER,
+        DatastoreError::Timeout { .. } | DatastoreError::Io { .. } | DatastoreError::Unavailable { .. } | DatastoreError::NoSlice { .. } => {
+            code::TRY_AGAIN_LATER
+        }
         DatastoreError::NotADirectory { .. } | DatastoreError::Unconfigured { .. } | DatastoreError::Kubeconfig { .. } | DatastoreError::EtcdConfig { .. } => {
             code::INVALID_CONFIG
         }
@@ -122,7 +124,7 @@ impl From<IpamError> for CniError {
         match e {
             IpamError::Datastore(e) => e.into(),
             IpamError::Engine(e) => e.into(),
-            IpamError::Unplaceable { .. } | IpamError::EngineAnswer { .. } => CniError::new(code::INTERNAL, e.to_string()),
+            IpamError::Unplaceable { .. } | IpamError::EngineAnswer { .. } | IpamError::SlicesFull { .. } => CniError::new(code::INTERNAL, e.to_string()),
         }
     }
 }

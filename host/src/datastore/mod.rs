@@ -205,6 +205,11 @@ pub enum DatastoreError {
     /// A stored object this build cannot read (e.g. an `IPPool` without a usable `spec`).
     #[error("{object} is unreadable: {detail}")]
     Malformed { object: String, detail: String },
+    /// `node_slice_size`: the node holds no slice of a range yet, and none could
+    /// be claimed now (the `NodeSlicePool` is not there yet, or every slice is
+    /// held). May heal: the controller creates pools and hands slices back.
+    #[error("no slice of NodeSlicePool {slice_pool} for node {node}: {detail}")]
+    NoSlice { slice_pool: String, node: String, detail: String },
     /// The etcd settings cannot be used (no `etcd_host`, a certificate file that
     /// cannot be read, ...).
     #[error("etcd datastore config unusable: {detail}")]
@@ -274,6 +279,31 @@ pub trait Datastore {
     /// retry that will not come (Kubernetes: the reservations this call made
     /// for addresses no commit recorded).
     fn begin<'s>(&'s self, pools: &[PoolId], purpose: Purpose<'_>, deadline: Instant) -> Result<Box<dyn Transaction + 's>, DatastoreError>;
+
+    /// `node_slice_size`: the slices of the `NodeSlicePool` `slice_pool` that
+    /// `node` holds, in the pool's order. A store may answer from a cache;
+    /// `fresh` asks for a read that sees every write completed before the call
+    /// (after a cached read found none). Only Kubernetes keeps node slices.
+    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
+        let _ = (slice_pool, node, fresh, deadline);
+        Err(no_node_slices(self))
+    }
+
+    /// Gives `node` the first free slice of `slice_pool` that `usable` accepts,
+    /// by compare-and-swap (two claimants never get one slice); `None` when no
+    /// slice is free.
+    fn claim_slice(&self, slice_pool: &str, node: &str, usable: &mut dyn FnMut(&str) -> bool, deadline: Instant) -> Result<Option<String>, DatastoreError> {
+        let _ = (slice_pool, node, usable, deadline);
+        Err(no_node_slices(self))
+    }
+}
+
+/// `node_slice_size` in a store without node slices.
+fn no_node_slices<S: Datastore + ?Sized>(store: &S) -> DatastoreError {
+    DatastoreError::Unconfigured {
+        field: "ipam.node_slice_size",
+        message: format!("node_slice_size needs the kubernetes datastore (NodeSlicePools), not the {}", store.describe()),
+    }
 }
 
 /// One command's cycle: `load` → plan (the engine) → `commit`, again after a

@@ -21,6 +21,7 @@ pub const GROUP: &str = "whereabouts.cni.cncf.io";
 pub const VERSION: &str = "v1alpha1";
 pub const IPPOOLS: &str = "ippools";
 pub const RESERVATIONS: &str = "overlappingrangeipreservations";
+pub const NODE_SLICE_POOLS: &str = "nodeslicepools";
 
 fn api_version() -> String {
     format!("{GROUP}/{VERSION}")

@@ -23,6 +23,7 @@ pub mod kubeconfig;
 #[cfg(test)]
 mod mock_api;
 pub mod patch;
+pub mod slices;
 #[cfg(test)]
 mod tests;
 mod transaction;
@@ -41,7 +42,8 @@ use super::failure::Class;
 use super::retry::{self, Backoff};
 use super::{Capabilities, Datastore, DatastoreError, PoolId, Purpose, Transaction};
 use crate::logging;
-use crd::{IPPOOLS, RESERVATIONS};
+use crd::{IPPOOLS, NODE_SLICE_POOLS, RESERVATIONS};
+use slices::SliceTable;
 
 /// Longest wait for one answer, whatever the call's budget (whereabouts: 10 s).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -295,6 +297,50 @@ impl Datastore for KubernetesStore {
     /// No lock: compare-and-swap alone (see [`transaction`]).
     fn begin<'s>(&'s self, pools: &[PoolId], purpose: Purpose<'_>, deadline: Instant) -> Result<Box<dyn Transaction + 's>, DatastoreError> {
         Ok(Box::new(transaction::begin(self, pools, purpose, deadline)?))
+    }
+
+    /// One GET of the `NodeSlicePool`, from the watch cache unless `fresh`.
+    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
+        Ok(self.slice_table(slice_pool, node, fresh, deadline)?.held_by(node))
+    }
+
+    /// A fresh GET, then a JSON patch that tests the free slot it takes; a slot
+    /// taken meanwhile (422) reads again.
+    fn claim_slice(&self, slice_pool: &str, node: &str, usable: &mut dyn FnMut(&str) -> bool, deadline: Instant) -> Result<Option<String>, DatastoreError> {
+        let action = format!("claiming a slice of NodeSlicePool {}/{slice_pool} for node {node}", self.namespace);
+        loop {
+            let table = self.slice_table(slice_pool, node, true, deadline)?;
+            let Some((index, slice)) = table.first_free(&mut *usable) else { return Ok(None) };
+            let patch = slices::claim_patch(index, &slice, node);
+            match self.call(Method::PATCH, &crd::object_path(&self.namespace, NODE_SLICE_POOLS, slice_pool), Some((JSON_PATCH, &patch)), &action, deadline)? {
+                Reply::Object(_) => {
+                    logging::verbose(format!("node {node} claimed slice {slice} of NodeSlicePool {slice_pool}"));
+                    return Ok(Some(slice));
+                }
+                Reply::Status(s) if s.code == 422 || s.code == 409 => continue,
+                Reply::Status(s) => return Err(self.status_error(&s, &action)),
+            }
+        }
+    }
+}
+
+impl KubernetesStore {
+    fn slice_table(&self, slice_pool: &str, node: &str, fresh: bool, deadline: Instant) -> Result<SliceTable, DatastoreError> {
+        let action = format!("reading NodeSlicePool {}/{slice_pool}", self.namespace);
+        let mut path = crd::object_path(&self.namespace, NODE_SLICE_POOLS, slice_pool);
+        if !fresh {
+            path.push_str("?resourceVersion=0");
+        }
+        match self.call(Method::GET, &path, None, &action, deadline)? {
+            Reply::Object(object) => SliceTable::from_object(&object)
+                .map_err(|detail| DatastoreError::Malformed { object: format!("NodeSlicePool {}/{slice_pool}", self.namespace), detail }),
+            Reply::Status(s) if s.code == 404 => Err(DatastoreError::NoSlice {
+                slice_pool: format!("{}/{slice_pool}", self.namespace),
+                node: node.to_string(),
+                detail: "the NodeSlicePool does not exist (yet); the thereabouts controller creates it from the NetworkAttachmentDefinition".into(),
+            }),
+            Reply::Status(s) => Err(self.status_error(&s, &action)),
+        }
     }
 }
 

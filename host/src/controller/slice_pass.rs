@@ -1,0 +1,225 @@
+//! One node-slice pass: read the NetworkAttachmentDefinitions, the Nodes, the
+//! IPPools and the NodeSlicePools; decide each pool's next table
+//! (`layout::next`); write the ones that changed, each with its
+//! `resourceVersion` (a plugin claiming a slice meanwhile makes the write fail
+//! with 409, and the next pass starts from what it did).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::discovery::ApiResource;
+use serde_json::Value;
+use thereabouts_allocator::model::{NormalizedConfig, NormalizedRange};
+use thereabouts_allocator::slices;
+
+use super::Options;
+use super::layout::{self, Desired, SliceUse};
+use crate::component::EngineComponent;
+use crate::datastore::kubernetes::slices::SliceTable;
+use crate::logging;
+
+/// A kind the controller reads without compiled-in types.
+pub struct Resource {
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+}
+
+impl Resource {
+    pub fn api_resource(&self) -> ApiResource {
+        ApiResource {
+            group: self.group.into(),
+            version: self.version.into(),
+            api_version: format!("{}/{}", self.group, self.version),
+            kind: self.kind.into(),
+            plural: self.plural.into(),
+        }
+    }
+}
+
+pub const NAD_RESOURCE: Resource =
+    Resource { group: "k8s.cni.cncf.io", version: "v1", kind: "NetworkAttachmentDefinition", plural: "network-attachment-definitions" };
+pub const NODE_SLICE_POOL_RESOURCE: Resource =
+    Resource { group: "whereabouts.cni.cncf.io", version: "v1alpha1", kind: "NodeSlicePool", plural: "nodeslicepools" };
+const IPPOOL_RESOURCE: Resource = Resource { group: "whereabouts.cni.cncf.io", version: "v1alpha1", kind: "IPPool", plural: "ippools" };
+
+pub struct SlicePass {
+    client: kube::Client,
+    namespace: String,
+    cool_down: Duration,
+    engine: EngineComponent,
+}
+
+/// One sliced range a NAD asks for, with what naming its pools needs.
+struct Wanted {
+    desired: Desired,
+    range: NormalizedRange,
+    network_name: String,
+}
+
+impl SlicePass {
+    pub fn new(client: kube::Client, options: &Options) -> Result<Self> {
+        Ok(SlicePass { client, namespace: options.namespace.clone(), cool_down: options.cool_down, engine: EngineComponent::load()? })
+    }
+
+    pub async fn run(&mut self) -> Result<()> {
+        let wanted = self.wanted().await?;
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let nodes: BTreeSet<String> =
+            nodes.list_metadata(&ListParams::default()).await.context("listing Nodes")?.items.into_iter().filter_map(|n| n.metadata.name).collect();
+        let ippools: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.namespace, &IPPOOL_RESOURCE.api_resource());
+        let entries: BTreeMap<String, u128> = ippools
+            .list(&ListParams::default())
+            .await
+            .context("listing IPPools")?
+            .items
+            .into_iter()
+            .filter_map(|p| {
+                let count = p.data.pointer("/spec/allocations").and_then(Value::as_object).map_or(0, |a| a.len() as u128);
+                p.metadata.name.map(|n| (n, count))
+            })
+            .collect();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.namespace, &NODE_SLICE_POOL_RESOURCE.api_resource());
+        let mut current = BTreeMap::new();
+        for object in api.list(&ListParams::default()).await.context("listing NodeSlicePools")?.items {
+            let name = object.metadata.name.clone().unwrap_or_default();
+            match SliceTable::from_object(&serde_json::to_value(&object)?) {
+                Ok(table) => {
+                    current.insert(name, table);
+                }
+                Err(e) => logging::error(format!("controller: NodeSlicePool {}/{name} is unreadable ({e}); left alone", self.namespace)),
+            }
+        }
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        for w in &wanted {
+            let usage = Usage::of(w, current.get(&w.desired.name), &entries);
+            let next = layout::next(&w.desired, current.get(&w.desired.name), &nodes, &usage, now, self.cool_down.as_secs());
+            for note in &next.notes {
+                logging::verbose(format!("controller: NodeSlicePool {}/{}: {note}", self.namespace, w.desired.name));
+            }
+            if current.get(&w.desired.name) == Some(&next.table) {
+                continue;
+            }
+            let object: DynamicObject = serde_json::from_value(layout::object(&w.desired.name, &self.namespace, &next.table))?;
+            let written = match current.contains_key(&w.desired.name) {
+                true => api.replace(&w.desired.name, &PostParams::default(), &object).await,
+                false => api.create(&PostParams::default(), &object).await,
+            };
+            match written {
+                Ok(_) => {}
+                // A plugin claimed a slice, or another replica wrote: the next pass reads again.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    logging::verbose(format!("controller: NodeSlicePool {} changed meanwhile; next pass", w.desired.name))
+                }
+                Err(e) => return Err(e).with_context(|| format!("writing NodeSlicePool {}/{}", self.namespace, w.desired.name)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The sliced ranges the NADs ask for, one per NodeSlicePool name. NADs
+    /// that share a network name and agree share it; one that disagrees with
+    /// an older NAD is ignored and named (whereabouts#558: the NADs fought,
+    /// each sync rewriting the layout).
+    async fn wanted(&mut self) -> Result<Vec<Wanted>> {
+        let nads: Api<DynamicObject> = Api::all_with(self.client.clone(), &NAD_RESOURCE.api_resource());
+        let mut nads = match nads.list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Vec::new()),
+            Err(e) => return Err(e).context("listing NetworkAttachmentDefinitions"),
+        };
+        nads.sort_by(|a, b| {
+            let key = |o: &DynamicObject| (o.metadata.creation_timestamp.clone().map(|t| t.0), o.metadata.namespace.clone(), o.metadata.name.clone());
+            key(a).cmp(&key(b))
+        });
+        let mut wanted: Vec<Wanted> = Vec::new();
+        for nad in nads {
+            let source = format!("{}/{}", nad.metadata.namespace.clone().unwrap_or_default(), nad.metadata.name.clone().unwrap_or_default());
+            let Some(text) = nad.data.pointer("/spec/config").and_then(Value::as_str) else { continue };
+            // Another IPAM, or a config the plugin would refuse: not ours to lay out.
+            let Ok(Ok(config)) = self.engine.normalize(text, None, "") else { continue };
+            for w in self.sliced_ranges(&config, &source)? {
+                match wanted.iter().find(|o| o.desired.name == w.desired.name) {
+                    None => wanted.push(w),
+                    Some(o) if o.desired.range == w.desired.range && o.desired.slice_size == w.desired.slice_size => {}
+                    Some(o) => logging::error(format!(
+                        "controller: {source} asks NodeSlicePool {} for {} in slices of {}, but {} (older) lays it out as {} in slices of {}; {source}'s is ignored",
+                        w.desired.name, w.desired.range, w.desired.slice_size, o.desired.source, o.desired.range, o.desired.slice_size
+                    )),
+                }
+            }
+        }
+        Ok(wanted)
+    }
+
+    fn sliced_ranges(&mut self, config: &NormalizedConfig, source: &str) -> Result<Vec<Wanted>> {
+        let mut out = Vec::new();
+        for range in &config.ranges {
+            let Some(slicing) = &range.node_slicing else { continue };
+            let layout = self.engine.node_slices(range)?.map_err(|e| anyhow::anyhow!("{source}: {}", e.message))?;
+            out.push(Wanted {
+                desired: Desired {
+                    name: slicing.slice_pool.clone(),
+                    range: range.cidr.clone(),
+                    slice_size: format!("/{}", slicing.prefix_len),
+                    layout,
+                    source: source.to_string(),
+                },
+                range: range.clone(),
+                network_name: config.network_name.clone(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// What the IPPools say about a pool's slices. Computed with the engine
+/// crate's pure functions natively (the code the component runs): a slice's
+/// per-node pool name and capacity, for every slice of every pool, each pass.
+struct Usage {
+    /// (node, slice) → entries.
+    entries: BTreeMap<(String, String), u128>,
+    capacity: BTreeMap<String, u128>,
+}
+
+impl Usage {
+    fn of(w: &Wanted, current: Option<&SliceTable>, pools: &BTreeMap<String, u128>) -> Self {
+        let mut capacity = BTreeMap::new();
+        for slice in &w.desired.layout {
+            if let Ok(r) = slices::in_slice(&w.range, &w.network_name, "node", slice) {
+                capacity.insert(slice.clone(), r.usable);
+            }
+        }
+        let mut entries = BTreeMap::new();
+        let held = current.into_iter().flat_map(|t| t.allocations.iter().cloned().chain(t.cooling.iter().map(|(s, c)| (c.node.clone(), s.clone()))));
+        for (node, slice) in held.filter(|(n, _)| !n.is_empty()) {
+            // whereabouts' per-node pool name, for this slice of any layout.
+            let Some(cidr) = super::canonical_cidr(&slice) else { continue };
+            let scope = if w.network_name.is_empty() { node.clone() } else { format!("{}-{node}", w.network_name) };
+            let pool = thereabouts_allocator::naming::pool_name_for_network(&cidr, &scope);
+            entries.insert((node, slice), pools.get(&pool).copied().unwrap_or(0));
+        }
+        Usage { entries, capacity }
+    }
+}
+
+impl SliceUse for Usage {
+    fn in_use(&self, node: &str, slice: &str) -> bool {
+        self.entries.get(&(node.to_string(), slice.to_string())).is_some_and(|n| *n > 0)
+    }
+    fn free(&self, node: &str, slice: &str) -> u128 {
+        self.capacity(slice).saturating_sub(self.entries.get(&(node.to_string(), slice.to_string())).copied().unwrap_or(0))
+    }
+    fn capacity(&self, slice: &str) -> u128 {
+        self.capacity.get(slice).copied().unwrap_or(0)
+    }
+    fn usable(&self, slice: &str) -> bool {
+        self.capacity.contains_key(slice)
+    }
+}

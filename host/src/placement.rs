@@ -1,0 +1,138 @@
+//! Where each range of a config may take an address on this node: the range
+//! itself, or, for a range with `node_slice_size`, the slices of it this node
+//! holds (each a range of its own to the engine, with its own per-node pool).
+//! Resolved once per call, before the pools are read: one read of each sliced
+//! range's `NodeSlicePool`, from the apiserver's cache.
+
+use std::time::Instant;
+
+use thereabouts_allocator::model::{NormalizedConfig, NormalizedRange};
+
+use crate::component::{EngineComponent, EngineFailure};
+use crate::datastore::{Datastore, DatastoreError};
+use crate::ipam::IpamError;
+use crate::node_name;
+
+/// Per range of the config, the ranges an address may come from, in order of
+/// preference.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub choices: Vec<Vec<NormalizedRange>>,
+    /// This node's name, when a range is sliced.
+    pub node: Option<String>,
+}
+
+/// Whether a call may claim a slice for its node when it holds none (ADD) or
+/// only reads what the node holds (every other command).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claims {
+    Allowed,
+    None,
+}
+
+impl Placement {
+    /// Every range as configured: no node slices.
+    pub fn whole(config: &NormalizedConfig) -> Self {
+        Placement { choices: config.ranges.iter().map(|r| vec![r.clone()]).collect(), node: None }
+    }
+
+    /// The ranges this node may use. Without `node_slice_size`, [`Placement::whole`]
+    /// and no request.
+    pub fn resolve(
+        engine: &mut EngineComponent,
+        store: &dyn Datastore,
+        config: &NormalizedConfig,
+        claims: Claims,
+        deadline: Instant,
+    ) -> Result<Self, IpamError> {
+        if config.ranges.iter().all(|r| r.node_slicing.is_none()) {
+            return Ok(Self::whole(config));
+        }
+        let node = node_name::discover(config.configuration_path.as_deref())
+            .map_err(|e| DatastoreError::Unconfigured { field: "NODENAME", message: e.to_string() })?;
+        let mut choices = Vec::with_capacity(config.ranges.len());
+        for range in &config.ranges {
+            let Some(slicing) = &range.node_slicing else {
+                choices.push(vec![range.clone()]);
+                continue;
+            };
+            let mut slices = store.node_slices(&slicing.slice_pool, &node, false, deadline)?;
+            if slices.is_empty() {
+                // The cache may not have seen the controller's assignment yet.
+                slices = store.node_slices(&slicing.slice_pool, &node, true, deadline)?;
+            }
+            let mut ranges = Vec::with_capacity(slices.len());
+            for slice in &slices {
+                match engine.slice_of_range(range, &config.network_name, &node, slice).map_err(EngineFailure)? {
+                    Ok(r) => ranges.push(r),
+                    // A slice of an old layout, or one outside range_start/end: never ours to use.
+                    Err(e) => crate::logging::debug(format!("slice {slice} of {}: not usable ({})", slicing.slice_pool, e.message)),
+                }
+            }
+            choices.push(ranges);
+        }
+        let mut placement = Placement { choices, node: Some(node) };
+        if claims == Claims::Allowed {
+            for index in 0..config.ranges.len() {
+                if placement.choices[index].is_empty() {
+                    placement.claim(engine, store, config, index, deadline)?;
+                }
+            }
+        }
+        Ok(placement)
+    }
+
+    /// Claims one more slice of range `index` for this node (its slices are
+    /// full, or it has none) and adds it to the choices; fails when no slice is free.
+    pub fn claim(
+        &mut self,
+        engine: &mut EngineComponent,
+        store: &dyn Datastore,
+        config: &NormalizedConfig,
+        index: usize,
+        deadline: Instant,
+    ) -> Result<(), IpamError> {
+        let (Some(node), Some(range)) = (self.node.clone(), config.ranges.get(index)) else {
+            return Err(IpamError::EngineAnswer { detail: "claim for a range that is not sliced" });
+        };
+        let Some(slicing) = &range.node_slicing else { return Err(IpamError::EngineAnswer { detail: "claim for a range that is not sliced" }) };
+        let mut failure = None;
+        let mut usable = |slice: &str| match engine.slice_of_range(range, &config.network_name, &node, slice) {
+            Ok(Ok(_)) => true,
+            Ok(Err(_)) => false,
+            Err(e) => {
+                failure = Some(e);
+                false
+            }
+        };
+        let claimed = store.claim_slice(&slicing.slice_pool, &node, &mut usable, deadline)?;
+        if let Some(e) = failure {
+            return Err(EngineFailure(e).into());
+        }
+        let Some(slice) = claimed else {
+            return Err(DatastoreError::NoSlice {
+                slice_pool: slicing.slice_pool.clone(),
+                node,
+                detail: format!("every slice of range {} is held by a node or being handed back", range.cidr),
+            }
+            .into());
+        };
+        let slice_range = engine
+            .slice_of_range(range, &config.network_name, &node, &slice)
+            .map_err(EngineFailure)?
+            .map_err(|e| IpamError::Unplaceable { message: e.message })?;
+        self.choices[index].push(slice_range);
+        Ok(())
+    }
+
+    /// Whether any range is sliced.
+    pub fn is_sliced(&self) -> bool {
+        self.node.is_some()
+    }
+
+    /// The config with every choice as a range of its own: what a DEL searches,
+    /// and what usage reports per slice.
+    pub fn expanded(&self, config: &NormalizedConfig) -> NormalizedConfig {
+        NormalizedConfig { ranges: self.choices.iter().flatten().cloned().collect(), ..config.clone() }
+    }
+}
