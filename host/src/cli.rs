@@ -80,6 +80,9 @@ pub enum CliCommand {
         /// One pass without leader election, then exit
         #[arg(long)]
         once: bool,
+        /// error, verbose or debug (to stderr)
+        #[arg(long, default_value = "verbose")]
+        log_level: String,
     },
     /// Write the embedded engine WebAssembly component (what the playground runs)
     EngineComponent {
@@ -98,7 +101,8 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         CliCommand::Preview { config, pods, output, from_datastore } => preview(&config, pods, output, from_datastore),
         CliCommand::Pools { config, output } => pools(&config, output),
-        CliCommand::Controller { kubeconfig, namespace, identity, lease_seconds, resync_seconds, cool_down_seconds, once } => {
+        CliCommand::Controller { kubeconfig, namespace, identity, lease_seconds, resync_seconds, cool_down_seconds, once, log_level } => {
+            crate::logging::configure(Some(&log_level), None);
             let identity = identity.unwrap_or_else(|| crate::node_name::discover(None).unwrap_or_else(|_| "thereabouts-controller".into()));
             crate::controller::run(crate::controller::Options {
                 kubeconfig,

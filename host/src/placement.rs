@@ -105,7 +105,8 @@ impl Placement {
                 false
             }
         };
-        let claimed = store.claim_slice(&slicing.slice_pool, &node, &mut usable, deadline)?;
+        let known: Vec<String> = self.choices[index].iter().map(|r| r.cidr.clone()).collect();
+        let claimed = store.claim_slice(&slicing.slice_pool, &node, &known, &mut usable, deadline)?;
         if let Some(e) = failure {
             return Err(EngineFailure(e).into());
         }

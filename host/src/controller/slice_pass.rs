@@ -51,6 +51,8 @@ pub struct SlicePass {
     namespace: String,
     cool_down: Duration,
     engine: EngineComponent,
+    /// What the last pass logged: a state that lasts is logged once.
+    logged: BTreeSet<String>,
 }
 
 /// One sliced range a NAD asks for, with what naming its pools needs.
@@ -62,11 +64,22 @@ struct Wanted {
 
 impl SlicePass {
     pub fn new(client: kube::Client, options: &Options) -> Result<Self> {
-        Ok(SlicePass { client, namespace: options.namespace.clone(), cool_down: options.cool_down, engine: EngineComponent::load()? })
+        Ok(SlicePass { client, namespace: options.namespace.clone(), cool_down: options.cool_down, engine: EngineComponent::load()?, logged: BTreeSet::new() })
     }
 
     pub async fn run(&mut self) -> Result<()> {
-        let wanted = self.wanted().await?;
+        let mut lines = Vec::new();
+        let outcome = self.pass(&mut lines).await;
+        let now: BTreeSet<String> = lines.into_iter().collect();
+        for line in now.difference(&self.logged) {
+            logging::verbose(format!("controller: {line}"));
+        }
+        self.logged = now;
+        outcome
+    }
+
+    async fn pass(&mut self, log: &mut Vec<String>) -> Result<()> {
+        let wanted = self.wanted(log).await?;
         if wanted.is_empty() {
             return Ok(());
         }
@@ -101,7 +114,7 @@ impl SlicePass {
             let usage = Usage::of(w, current.get(&w.desired.name), &entries);
             let next = layout::next(&w.desired, current.get(&w.desired.name), &nodes, &usage, now, self.cool_down.as_secs());
             for note in &next.notes {
-                logging::verbose(format!("controller: NodeSlicePool {}/{}: {note}", self.namespace, w.desired.name));
+                log.push(format!("NodeSlicePool {}/{}: {note}", self.namespace, w.desired.name));
             }
             if current.get(&w.desired.name) == Some(&next.table) {
                 continue;
@@ -127,7 +140,7 @@ impl SlicePass {
     /// that share a network name and agree share it; one that disagrees with
     /// an older NAD is ignored and named (whereabouts#558: the NADs fought,
     /// each sync rewriting the layout).
-    async fn wanted(&mut self) -> Result<Vec<Wanted>> {
+    async fn wanted(&mut self, log: &mut Vec<String>) -> Result<Vec<Wanted>> {
         let nads: Api<DynamicObject> = Api::all_with(self.client.clone(), &NAD_RESOURCE.api_resource());
         let mut nads = match nads.list(&ListParams::default()).await {
             Ok(list) => list.items,
@@ -148,8 +161,8 @@ impl SlicePass {
                 match wanted.iter().find(|o| o.desired.name == w.desired.name) {
                     None => wanted.push(w),
                     Some(o) if o.desired.range == w.desired.range && o.desired.slice_size == w.desired.slice_size => {}
-                    Some(o) => logging::error(format!(
-                        "controller: {source} asks NodeSlicePool {} for {} in slices of {}, but {} (older) lays it out as {} in slices of {}; {source}'s is ignored",
+                    Some(o) => log.push(format!(
+                        "{source} asks NodeSlicePool {} for {} in slices of {}, but {} (older) lays it out as {} in slices of {}; {source}'s is ignored",
                         w.desired.name, w.desired.range, w.desired.slice_size, o.desired.source, o.desired.range, o.desired.slice_size
                     )),
                 }

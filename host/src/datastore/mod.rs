@@ -289,11 +289,19 @@ pub trait Datastore {
         Err(no_node_slices(self))
     }
 
-    /// Gives `node` the first free slice of `slice_pool` that `usable` accepts,
-    /// by compare-and-swap (two claimants never get one slice); `None` when no
-    /// slice is free.
-    fn claim_slice(&self, slice_pool: &str, node: &str, usable: &mut dyn FnMut(&str) -> bool, deadline: Instant) -> Result<Option<String>, DatastoreError> {
-        let _ = (slice_pool, node, usable, deadline);
+    /// A slice of `slice_pool` for `node` beyond the `known` ones it holds: one
+    /// it holds already (another call of the node claimed it meanwhile), else
+    /// the first free slice that `usable` accepts, given by compare-and-swap
+    /// (two claimants never get one slice); `None` when no slice is free.
+    fn claim_slice(
+        &self,
+        slice_pool: &str,
+        node: &str,
+        known: &[String],
+        usable: &mut dyn FnMut(&str) -> bool,
+        deadline: Instant,
+    ) -> Result<Option<String>, DatastoreError> {
+        let _ = (slice_pool, node, known, usable, deadline);
         Err(no_node_slices(self))
     }
 }

@@ -43,6 +43,7 @@ mod apply;
 pub mod bench;
 mod bins;
 pub mod burst;
+pub mod controller;
 pub mod etcd;
 pub mod held;
 mod latency_proxy;

@@ -218,6 +218,23 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     forbidden("list pods (all)", Api::<Pod>::all(plugin.clone()).list(&lp).await);
     forbidden("list pods in kube-system", Api::<Pod>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
     forbidden("list configmaps in kube-system", Api::<ConfigMap>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
+    // NodeSlicePools: get (a node's slices) and patch (a claim), nothing more:
+    // the controller lays them out.
+    let slice_pools = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, "v1alpha1", "NodeSlicePool"), "nodeslicepools");
+    let layout: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{GROUP}/v1alpha1"), "kind": "NodeSlicePool", "metadata": {"name": "rbac-slices"},
+        "spec": {"range": "192.0.2.0/24", "sliceSize": "/26"}, "status": {"allocations": [{"nodeName": "", "sliceRange": "192.0.2.0/26"}]},
+    }))
+    .unwrap();
+    Api::<DynamicObject>::namespaced_with(admin.clone(), NAMESPACE, &slice_pools).create(&PostParams::default(), &layout).await.unwrap();
+    let slices = Api::<DynamicObject>::namespaced_with(plugin.clone(), NAMESPACE, &slice_pools);
+    allowed("get a NodeSlicePool", slices.get("rbac-slices").await);
+    let claim = json!([{"op": "test", "path": "/status/allocations/0/nodeName", "value": ""}, {"op": "replace", "path": "/status/allocations/0/nodeName", "value": "n1"}]);
+    allowed("claim a slice", slices.patch("rbac-slices", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(claim).unwrap())).await);
+    forbidden("list NodeSlicePools", slices.list(&lp).await);
+    forbidden("create a NodeSlicePool", slices.create(&PostParams::default(), &layout).await);
+    forbidden("PUT a NodeSlicePool", slices.replace("rbac-slices", &PostParams::default(), &layout).await);
+    forbidden("delete a NodeSlicePool", slices.delete("rbac-slices", &DeleteParams::default()).await);
     // Leases: the turn tickets in kube-system (create, list, watch, patch to
     // renew, delete), nothing more, and nothing elsewhere.
     let leases = Api::<Lease>::namespaced(plugin.clone(), NAMESPACE);
@@ -329,6 +346,15 @@ async fn manifests_pass_strict_server_side_validation() {
     assert_eq!(schema.data["spec"]["priorityLevelConfiguration"]["name"], json!(level.metadata.name));
     let subject = &schema.data["spec"]["rules"][0]["subjects"][0]["serviceAccount"];
     assert_eq!((subject["namespace"].as_str(), subject["name"].as_str()), (Some(NAMESPACE), Some("thereabouts")));
+
+    // The controller: its identity, cluster reads, namespaced writes and Deployment,
+    // all in the plugin's namespace, running the binary where the image puts it.
+    let control = strict_apply(&admin, &deploy_dir().join("controller.yaml")).await;
+    let kinds: Vec<String> = control.iter().map(|o| o.types.as_ref().unwrap().kind.clone()).collect();
+    assert_eq!(kinds, ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"]);
+    let deployment = control.last().unwrap();
+    assert_eq!(deployment.data["spec"]["template"]["spec"]["serviceAccountName"], "thereabouts-controller");
+    assert_eq!(deployment.data["spec"]["template"]["spec"]["containers"][0]["command"], json!(["/opt/thereabouts/thereabouts", "controller"]));
 
     // Stored as written, in the namespace of the Role and ServiceAccount.
     let ds = Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE).get("thereabouts").await.expect("the DaemonSet is stored");

@@ -304,12 +304,24 @@ impl Datastore for KubernetesStore {
         Ok(self.slice_table(slice_pool, node, fresh, deadline)?.held_by(node))
     }
 
-    /// A fresh GET, then a JSON patch that tests the free slot it takes; a slot
-    /// taken meanwhile (422) reads again.
-    fn claim_slice(&self, slice_pool: &str, node: &str, usable: &mut dyn FnMut(&str) -> bool, deadline: Instant) -> Result<Option<String>, DatastoreError> {
+    /// A fresh GET, then (unless the node holds a slice the caller does not
+    /// know) a JSON patch that tests the free slot it takes; a slot taken
+    /// meanwhile (422) reads again.
+    fn claim_slice(
+        &self,
+        slice_pool: &str,
+        node: &str,
+        known: &[String],
+        usable: &mut dyn FnMut(&str) -> bool,
+        deadline: Instant,
+    ) -> Result<Option<String>, DatastoreError> {
         let action = format!("claiming a slice of NodeSlicePool {}/{slice_pool} for node {node}", self.namespace);
         loop {
             let table = self.slice_table(slice_pool, node, true, deadline)?;
+            // Calls of one node that ran full together claim one slice, not one each.
+            if let Some(fresh) = table.held_by(node).into_iter().find(|s| !known.contains(s)) {
+                return Ok(Some(fresh));
+            }
             let Some((index, slice)) = table.first_free(&mut *usable) else { return Ok(None) };
             let patch = slices::claim_patch(index, &slice, node);
             match self.call(Method::PATCH, &crd::object_path(&self.namespace, NODE_SLICE_POOLS, slice_pool), Some((JSON_PATCH, &patch)), &action, deadline)? {

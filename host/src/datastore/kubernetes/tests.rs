@@ -529,3 +529,37 @@ fn a_watch_from_a_revision_too_old_lists_the_queue_again() {
     assert!(tx.serialized());
     assert_eq!(log.lines().iter().filter(|l| l.contains("watch=true")).count(), 2);
 }
+
+fn slice_pool(allocations: Value) -> Answer {
+    Answer::Ok(json!({"metadata": {"resourceVersion": "9"}, "spec": {"range": "192.0.2.0/24", "sliceSize": "/26"}, "status": {"allocations": allocations}}))
+}
+
+#[test]
+fn a_node_reads_its_slices_from_the_cache_and_once_from_etcd_when_it_holds_none() {
+    let held = json!([{"nodeName": "a", "sliceRange": "192.0.2.0/26"}, {"nodeName": "a", "sliceRange": "192.0.2.64/26"}]);
+    let (s, log, _) = store("ns", vec![slice_pool(held.clone()), slice_pool(held)]);
+    assert_eq!(s.node_slices("net1", "a", false, deadline()).unwrap(), ["192.0.2.0/26", "192.0.2.64/26"]);
+    assert!(s.node_slices("net1", "b", true, deadline()).unwrap().is_empty());
+    assert_eq!(log.lines(), [format!("GET {API}/nodeslicepools/net1?resourceVersion=0"), format!("GET {API}/nodeslicepools/net1")]);
+}
+
+#[test]
+fn a_claim_that_loses_its_slot_reads_again_and_takes_the_next_free_slice() {
+    let free = json!([{"nodeName": "x", "sliceRange": "192.0.2.0/26"}, {"nodeName": "", "sliceRange": "192.0.2.64/26"}, {"nodeName": "", "sliceRange": "192.0.2.128/26"}]);
+    let taken = json!([{"nodeName": "x", "sliceRange": "192.0.2.0/26"}, {"nodeName": "y", "sliceRange": "192.0.2.64/26"}, {"nodeName": "", "sliceRange": "192.0.2.128/26"}]);
+    let refused = Answer::Status(422, "Invalid", Value::Null);
+    let (s, log, _) = store("ns", vec![slice_pool(free), refused, slice_pool(taken), ok()]);
+    assert_eq!(s.claim_slice("net1", "a", &[], &mut |_| true, deadline()).unwrap().as_deref(), Some("192.0.2.128/26"));
+    let path = format!("{API}/nodeslicepools/net1");
+    assert_eq!(log.lines(), [format!("GET {path}"), format!("PATCH {path}"), format!("GET {path}"), format!("PATCH {path}")]);
+    assert_eq!(log.body(3)[1], json!({"op": "test", "path": "/status/allocations/2/nodeName", "value": ""}));
+}
+
+#[test]
+fn a_claim_takes_a_slice_a_sibling_call_of_the_node_claimed_meanwhile() {
+    let held = json!([{"nodeName": "a", "sliceRange": "192.0.2.0/26"}, {"nodeName": "a", "sliceRange": "192.0.2.64/26"}, {"nodeName": "", "sliceRange": "192.0.2.128/26"}]);
+    let (s, log, _) = store("ns", vec![slice_pool(held)]);
+    let known = ["192.0.2.0/26".to_string()];
+    assert_eq!(s.claim_slice("net1", "a", &known, &mut |_| true, deadline()).unwrap().as_deref(), Some("192.0.2.64/26"));
+    assert_eq!(log.lines().len(), 1, "no patch");
+}

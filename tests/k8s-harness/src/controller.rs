@@ -1,0 +1,123 @@
+//! The `thereabouts controller` on a harness [`Cluster`], for the node-slice
+//! tests: the NetworkAttachmentDefinition CRD (multus' kind, which a cluster
+//! has from multus; here a minimal definition of it), simulated nodes (Node
+//! objects with no kubelet behind them), the controller's own identity from
+//! `deploy/controller.yaml`, and the controller as a child process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::plugin::kubeconfig_variant;
+use crate::{Cluster, NAMESPACE, deploy_dir};
+
+/// The NetworkAttachmentDefinition kind as multus defines it (its config a string).
+const NAD_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: network-attachment-definitions.k8s.cni.cncf.io
+spec:
+  group: k8s.cni.cncf.io
+  scope: Namespaced
+  names:
+    plural: network-attachment-definitions
+    singular: network-attachment-definition
+    kind: NetworkAttachmentDefinition
+    shortNames: [net-attach-def]
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                config:
+                  type: string
+"#;
+
+/// Installs the NAD CRD and `deploy/controller.yaml` (its RBAC, and a Deployment
+/// no kube-controller-manager runs here), and writes a kubeconfig with a token of
+/// the controller's ServiceAccount.
+pub async fn install(cluster: &Cluster) -> Result<PathBuf> {
+    cluster.apply_yaml(NAD_CRD).await.context("installing the NetworkAttachmentDefinition CRD")?;
+    cluster.apply_path(&deploy_dir().join("controller.yaml")).await.context("applying deploy/controller.yaml")?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(cluster.admin_client().await?, NAMESPACE);
+    let request = TokenRequest { spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }), ..Default::default() };
+    let minted = accounts.create_token_request("thereabouts-controller", &PostParams::default(), &request).await.context("TokenRequest for the controller")?;
+    let token = minted.status.and_then(|s| s.token).filter(|t| !t.is_empty()).context("TokenRequest answered without a token")?;
+    let kubeconfig = cluster.dir().join("controller.kubeconfig");
+    kubeconfig_variant(&cluster.plugin_kubeconfig(), &kubeconfig, |doc| {
+        doc["users"] = json!([{"name": "controller", "user": {"token": token}}]);
+        doc["contexts"][0]["context"]["user"] = json!("controller");
+    })?;
+    Ok(kubeconfig)
+}
+
+/// A NAD named `name` in `default` whose config is `config`.
+pub async fn create_nad(cluster: &Cluster, name: &str, config: &Value) -> Result<()> {
+    let object = json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": name, "namespace": "default"}, "spec": {"config": config.to_string()},
+    });
+    cluster.apply_yaml(&serde_yaml_ng::to_string(&object)?).await.map(|_| ())
+}
+
+/// A Node object with no kubelet behind it.
+pub async fn add_node(cluster: &Cluster, name: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(cluster.admin_client().await?);
+    let node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))?;
+    nodes.create(&PostParams::default(), &node).await.with_context(|| format!("creating node {name}"))?;
+    Ok(())
+}
+
+pub async fn remove_node(cluster: &Cluster, name: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(cluster.admin_client().await?);
+    nodes.delete(name, &DeleteParams::default()).await.with_context(|| format!("deleting node {name}"))?;
+    Ok(())
+}
+
+/// `thereabouts controller` as a child process, killed when dropped. Short
+/// lease, resync and cool-down, so the tests see its passes within seconds.
+pub struct Controller {
+    child: Child,
+}
+
+impl Controller {
+    pub fn start(binary: &Path, kubeconfig: &Path, cool_down_seconds: u64, log: &Path) -> Result<Controller> {
+        let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(binary)
+            .args(["controller", "--namespace", NAMESPACE, "--lease-seconds", "2", "--resync-seconds", "1"])
+            .arg("--cool-down-seconds")
+            .arg(cool_down_seconds.to_string())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {} controller", binary.display()))?;
+        Ok(Controller { child })
+    }
+
+    /// SIGKILL: no release of the Lease, nothing finished.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

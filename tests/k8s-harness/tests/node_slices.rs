@@ -1,0 +1,177 @@
+//! Node slices (`node_slice_size`) against the real kube-apiserver: the
+//! `thereabouts controller` (its own identity, `deploy/controller.yaml`) lays
+//! out NodeSlicePools from NetworkAttachmentDefinitions for simulated nodes
+//! (Node objects, no kubelet), and the release plugin runs on each node
+//! (`NODENAME`) with the plugin identity. The decisions themselves are pinned
+//! in-process (`host/src/controller/layout.rs`, `allocator-wasm/src/slices.rs`).
+//!
+//! Each test has its own control plane: the controller serves every NAD and
+//! every node of its cluster.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, result_ips, thereabouts_bin};
+use thereabouts_k8s_harness::Cluster;
+use thereabouts_k8s_harness::addresses::contains;
+use thereabouts_k8s_harness::burst::run_concurrently;
+use thereabouts_k8s_harness::controller::{self, Controller};
+use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS, kubernetes_conf};
+
+const V4: &str = "192.0.2.0/24";
+const V6: &str = "2001:db8::/64";
+const SLICE_POOLS: &str = "nodeslicepools";
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+}
+
+/// Dual-stack, IPv4 in /28 slices with two excluded blocks, IPv6 in /76 slices.
+fn sliced_conf(cluster: &Cluster, network_name: &str, v4: &str) -> Value {
+    let mut conf = kubernetes_conf("slices", &cluster.plugin_kubeconfig(), Some(network_name), &[v4, V6]);
+    conf["ipam"]["node_slice_size"] = json!("/28");
+    conf["ipam"]["ipRanges"][0]["exclude"] = json!(["192.0.2.0/30", "192.0.2.16/30"]);
+    conf["ipam"]["ipRanges"][1]["node_slice_size"] = json!("/76");
+    conf
+}
+
+fn on_node(command: &str, conf: &Value, node: &str, pod: &str) -> Invocation {
+    Invocation::new(Call::pod(command, &format!("cid-{pod}"), pod), conf.to_string()).env("NODENAME", node)
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < end, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// node → slices held, from the NodeSlicePool `name` (empty when absent).
+fn holders(objects: &Objects, name: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let pool = objects.get(SLICE_POOLS, name).unwrap().unwrap_or(Value::Null);
+    for a in pool.pointer("/status/allocations").and_then(Value::as_array).into_iter().flatten() {
+        let node = a["nodeName"].as_str().unwrap_or_default();
+        if !node.is_empty() {
+            out.entry(node.to_string()).or_default().push(a["sliceRange"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    out
+}
+
+fn every_node_holds_one(objects: &Objects, name: &str, nodes: &[&str]) -> bool {
+    let held = holders(objects, name);
+    held.len() == nodes.len() && nodes.iter().all(|n| held.get(*n).is_some_and(|s| s.len() == 1))
+}
+
+fn ips_of(outcome: &Outcome) -> Vec<IpAddr> {
+    result_ips(&serde_json::from_str(&outcome.stdout).unwrap()).iter().map(|a| a.split('/').next().unwrap().parse().unwrap()).collect()
+}
+
+fn entries_left(objects: &Objects) -> usize {
+    objects.list(IPPOOLS).unwrap().values().map(|p| p["spec"]["allocations"].as_object().map_or(0, |a| a.len())).sum()
+}
+
+#[test]
+fn each_node_allocates_from_its_own_slices_in_both_families_and_claims_another_when_full() {
+    let cluster = Cluster::prepared().unwrap();
+    let objects = Objects::admin(&cluster).unwrap();
+    let tmp = TempDir::new("slices-alloc");
+    let kubeconfig = block_on(controller::install(&cluster)).unwrap();
+    for node in ["node-a", "node-b"] {
+        block_on(controller::add_node(&cluster, node)).unwrap();
+    }
+    let conf = sliced_conf(&cluster, "blue", V4);
+    block_on(controller::create_nad(&cluster, "blue", &conf)).unwrap();
+    let _controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
+    let (v4_pool, v6_pool) = ("blue", "blue-2001-db8---64");
+    wait_until("both nodes hold a slice of each range", Duration::from_secs(30), || {
+        every_node_holds_one(&objects, v4_pool, &["node-a", "node-b"]) && every_node_holds_one(&objects, v6_pool, &["node-a", "node-b"])
+    });
+
+    // 15 pods on node-a, whose /28 serves 11 (two /30 excluded): it claims more.
+    let mut calls: Vec<(&str, Invocation)> = (0..15).map(|i| ("node-a", on_node("ADD", &conf, "node-a", &format!("a{i}")))).collect();
+    calls.extend((0..5).map(|i| ("node-b", on_node("ADD", &conf, "node-b", &format!("b{i}")))));
+    let invocations: Vec<Invocation> = calls.iter().map(|(_, i)| i.clone()).collect();
+    let outcomes = run_concurrently(&thereabouts_bin(), &invocations, None);
+    let (held_v4, held_v6) = (holders(&objects, v4_pool), holders(&objects, v6_pool));
+    let mut seen = BTreeSet::new();
+    for ((node, _), outcome) in calls.iter().zip(&outcomes) {
+        outcome.expect_ok("ADD on a sliced network");
+        let ips = ips_of(outcome);
+        assert_eq!(ips.len(), 2, "{}", outcome.stdout);
+        assert!(held_v4[*node].iter().any(|s| contains(s, ips[0])), "{} not in {node}'s IPv4 slices {:?}", ips[0], held_v4[*node]);
+        assert!(held_v6[*node].iter().any(|s| contains(s, ips[1])), "{} not in {node}'s IPv6 slices {:?}", ips[1], held_v6[*node]);
+        assert!(!contains("192.0.2.0/30", ips[0]) && !contains("192.0.2.16/30", ips[0]), "excluded address {} handed out", ips[0]);
+        assert!(ips.iter().all(|ip| seen.insert(*ip)), "an address handed out twice: {ips:?}");
+        assert!(outcome.stdout.contains("/24") && outcome.stdout.contains("/64"), "results carry the range's prefix: {}", outcome.stdout);
+    }
+    assert!(held_v4["node-a"].len() >= 2, "node-a claimed another IPv4 slice: {held_v4:?}");
+
+    // Its pods gone, node-a's extra slices go back (after the cool-down) and it keeps one.
+    let dels: Vec<Invocation> = calls.iter().map(|(node, i)| on_node("DEL", &conf, node, i.call.pod_name())).collect();
+    for outcome in run_concurrently(&thereabouts_bin(), &dels, None) {
+        outcome.expect_ok("DEL on a sliced network");
+    }
+    assert_eq!(entries_left(&objects), 0);
+    assert!(objects.list(RESERVATIONS).unwrap().is_empty());
+    wait_until("node-a is back to one slice and none is cooling", Duration::from_secs(30), || {
+        let pool = objects.get(SLICE_POOLS, v4_pool).unwrap().unwrap();
+        every_node_holds_one(&objects, v4_pool, &["node-a", "node-b"]) && pool["metadata"]["annotations"].get("thereabouts.io/cooling-slices").is_none()
+    });
+}
+
+#[test]
+fn the_controller_follows_nodes_and_nads_survives_a_kill_and_waits_with_a_range_change() {
+    let cluster = Cluster::prepared().unwrap();
+    let objects = Objects::admin(&cluster).unwrap();
+    let tmp = TempDir::new("slices-lifecycle");
+    let kubeconfig = block_on(controller::install(&cluster)).unwrap();
+    let conf = sliced_conf(&cluster, "green", V4);
+    block_on(controller::create_nad(&cluster, "green", &conf)).unwrap();
+    // A second NAD of the same network agrees; a third asks another range: ignored, not fought over.
+    block_on(controller::create_nad(&cluster, "green-copy", &conf)).unwrap();
+    block_on(controller::create_nad(&cluster, "green-other", &sliced_conf(&cluster, "green", "198.51.100.0/24"))).unwrap();
+    let mut control = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller-1.log")).unwrap();
+
+    // Nodes join while the controller is killed and started again mid-way.
+    let nodes: Vec<String> = (0..8).map(|i| format!("node-{i}")).collect();
+    for (i, node) in nodes.iter().enumerate() {
+        block_on(controller::add_node(&cluster, node)).unwrap();
+        if i == 3 {
+            control.kill();
+            control = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller-2.log")).unwrap();
+        }
+    }
+    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    wait_until("every node holds exactly one slice", Duration::from_secs(60), || every_node_holds_one(&objects, "green", &names));
+    let layout = objects.get(SLICE_POOLS, "green").unwrap().unwrap();
+    assert_eq!(layout["spec"]["range"], V4, "the oldest NAD's range");
+    std::thread::sleep(Duration::from_secs(3));
+    let later = objects.get(SLICE_POOLS, "green").unwrap().unwrap();
+    assert_eq!(later["metadata"]["resourceVersion"], layout["metadata"]["resourceVersion"], "passes with agreeing NADs write nothing");
+
+    // A pod on node-7, then node-6 leaves: its empty slice goes back; node-7's stays.
+    on_node("ADD", &conf, "node-7", "p7").run(&thereabouts_bin()).expect_ok("ADD on node-7");
+    block_on(controller::remove_node(&cluster, "node-6")).unwrap();
+    wait_until("node-6's slice is handed back", Duration::from_secs(30), || !holders(&objects, "green").contains_key("node-6"));
+
+    // A range change waits while node-7's pod holds its old slice, then lays out again.
+    for nad in ["green", "green-copy", "green-other"] {
+        block_on(controller::create_nad(&cluster, nad, &sliced_conf(&cluster, "green", "198.51.100.0/24"))).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let waiting = objects.get(SLICE_POOLS, "green").unwrap().unwrap();
+    assert_eq!(waiting["spec"]["range"], V4, "not re-laid-out while a slice holds allocations");
+    assert!(holders(&objects, "green").contains_key("node-7"));
+    on_node("DEL", &conf, "node-7", "p7").run(&thereabouts_bin()).expect_ok("DEL on node-7");
+    wait_until("the new range is laid out for every node", Duration::from_secs(60), || {
+        let pool = objects.get(SLICE_POOLS, "green").unwrap().unwrap();
+        let live: Vec<&str> = names.iter().copied().filter(|n| *n != "node-6").collect();
+        pool["spec"]["range"] == "198.51.100.0/24" && every_node_holds_one(&objects, "green", &live)
+    });
+    drop(control);
+}
