@@ -585,6 +585,23 @@ fn concurrent_adds_never_share_an_address() {
     assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-24")["allocations"].as_object().unwrap().len(), 8);
 }
 
+/// Node slices live in NodeSlicePools: on the file datastore, and with a size
+/// that does not fit, `node_slice_size` is a config error naming it, and nothing is written.
+#[test]
+fn node_slice_size_off_kubernetes_or_misfit_is_a_config_error() {
+    let scratch = Scratch::new("slices-file");
+    let conf = |size: &str| {
+        net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(), "range": "192.0.2.0/24", "node_slice_size": size}))
+    };
+    for (size, needle) in [("/26", "node_slice_size needs the kubernetes datastore"), ("/31", "ipam.node_slice_size")] {
+        let mut env = cni_env("ADD", "c1", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p1");
+        env.push(("NODENAME", "node-a"));
+        let msg = run(&env, &conf(size)).error(7);
+        assert!(msg.contains(needle), "{size}: {msg:?}");
+    }
+    assert!(snapshot(&scratch.data()).is_empty());
+}
+
 /// Bad input: the right code, a non-zero exit, and the datastore untouched.
 #[test]
 fn bad_input_fails_cleanly_without_touching_the_datastore() {
