@@ -154,6 +154,16 @@ impl EngineComponent {
     }
 }
 
+/// The one engine of a test process, one test at a time: an engine is loaded
+/// in place, and a second one (or dropping one) would register or unpublish the
+/// code pages another is running.
+#[cfg(test)]
+pub fn test_engine() -> std::sync::MutexGuard<'static, EngineComponent> {
+    static ENGINE: std::sync::LazyLock<std::sync::Mutex<EngineComponent>> =
+        std::sync::LazyLock::new(|| std::sync::Mutex::new(EngineComponent::load().expect("loading the engine component")));
+    ENGINE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Running precompiled code from the binary's read-only data.
 mod in_place {
     use anyhow::{Result, bail};

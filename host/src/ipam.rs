@@ -289,6 +289,10 @@ pub fn allocate(
                         .ok_or(IpamError::EngineAnswer { detail: "reused an entry it was not given" })?;
                     if held.container_id != request.container_id {
                         changes.push(pool_of(range), Change::SetContainerId { offset: held.offset, container_id: request.container_id.clone() });
+                    } else {
+                        // The read may lag behind the pool (Kubernetes reads
+                        // its cache): the entry may be gone already.
+                        changes.push(pool_of(range), Change::Keep { offset: held.offset, container_id: request.container_id.clone() });
                     }
                     assignments.push(assignment);
                 }
@@ -617,5 +621,56 @@ mod tests {
         });
         assert!(matches!(failed, Err(IpamError::Unplaceable { message }) if message == "plan failed"));
         assert_eq!(store.ended.get(), 1);
+    }
+
+    /// A store that shows one entry of the asking pod and records the commits.
+    struct Holding {
+        committed: RefCell<Vec<PoolUpdate>>,
+    }
+
+    struct HoldingTx<'a>(&'a Holding);
+
+    impl Transaction for HoldingTx<'_> {
+        fn load(&mut self) -> Result<Vec<Pool>, DatastoreError> {
+            let entry = Allocation { offset: 5, container_id: "c1".into(), pod_ref: "default/p".into(), ifname: "eth0".into() };
+            Ok(vec![Pool { version: Version("3".into()), entries: vec![entry], ..Pool::default() }])
+        }
+        fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
+            self.0.committed.borrow_mut().extend_from_slice(updates);
+            Ok(Outcome::Committed)
+        }
+    }
+
+    impl Datastore for Holding {
+        fn describe(&self) -> String {
+            "holding".into()
+        }
+        fn capabilities(&self) -> crate::datastore::Capabilities {
+            crate::datastore::Capabilities::NODE_LOCAL
+        }
+        fn check_usable(&self, _deadline: Instant) -> Result<(), DatastoreError> {
+            Ok(())
+        }
+        fn begin<'s>(&'s self, _pools: &[PoolId], _purpose: Purpose<'_>, _deadline: Instant) -> Result<Box<dyn Transaction + 's>, DatastoreError> {
+            Ok(Box::new(HoldingTx(self)))
+        }
+    }
+
+    /// A retried ADD keeps its entry only if the commit finds it still there: a
+    /// read from the apiserver's cache can show an entry removed a moment ago
+    /// (the call's own rollback), whose address another pod may hold by now.
+    #[test]
+    fn a_retried_add_keeps_its_entry_only_through_a_guarded_commit() {
+        let mut engine = crate::component::test_engine();
+        let stdin = r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","datastore":"file","range":"192.0.2.0/24"}}"#;
+        let config = engine.normalize(stdin, None, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p").unwrap().unwrap();
+        let store = Holding { committed: RefCell::new(Vec::new()) };
+        let who = Attachment { container_id: "c1", ifname: "eth0" };
+        let out = allocate(&mut engine, &store, &config, &Placement::whole(&config), who, Instant::now() + Duration::from_secs(5)).unwrap();
+        assert_eq!(out[0].address, "192.0.2.5/24");
+        let committed = store.committed.borrow();
+        assert_eq!(committed.len(), 1);
+        assert_eq!(committed[0].changes, [Change::Keep { offset: 5, container_id: "c1".into() }]);
+        assert_eq!(committed[0].expected, Version("3".into()));
     }
 }

@@ -318,11 +318,13 @@ impl FileTransaction<'_> {
     /// those of the pools it creates.
     fn write(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
         let (store, deadline) = (self.store, self.deadline);
-        if updates.iter().all(|u| u.changes.is_empty()) {
+        // A Keep needs no check here: the pools stay locked from the read on.
+        let writes_something = |u: &&PoolUpdate| u.changes.iter().any(|c| !matches!(c, Change::Keep { .. }));
+        if !updates.iter().any(|u| writes_something(&u)) {
             return Ok(Outcome::Committed);
         }
         store.ensure_dir()?;
-        let mut order: Vec<&PoolUpdate> = updates.iter().filter(|u| !u.changes.is_empty()).collect();
+        let mut order: Vec<&PoolUpdate> = updates.iter().filter(writes_something).collect();
         order.sort_by(|a, b| a.pool.name.cmp(&b.pool.name));
         if order.windows(2).any(|w| w[0].pool.name == w[1].pool.name) {
             return Err(DatastoreError::Inconsistent { pool: order[0].pool.name.clone(), detail: "one commit updates the same pool twice".into() });
@@ -514,7 +516,7 @@ fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) ->
             Change::Remove { offset } => {
                 stored.created_by.remove(offset);
             }
-            Change::Reserve { .. } | Change::Unreserve { .. } => {}
+            Change::Keep { .. } | Change::Reserve { .. } | Change::Unreserve { .. } => {}
         }
     }
     Ok(stored)

@@ -78,6 +78,12 @@ pub enum Change {
     /// Hand an existing allocation to a new container of the same pod (a
     /// StatefulSet pod re-created under the same name keeps its address).
     SetContainerId { offset: u128, container_id: String },
+    /// Keep the allocation the attachment holds at `offset` (a retried ADD):
+    /// nothing changes, but the commit applies only if the entry is still
+    /// there with `container_id`. A plan on a read that lags behind the pool
+    /// (Kubernetes reads from the apiserver's cache) may find an entry that was
+    /// removed since, and must not hand out its address.
+    Keep { offset: u128, container_id: String },
     /// Reserve the address of `holder` (an entry this update inserts) cluster-wide
     /// under `name` (whereabouts' `OverlappingRangeIPReservation`), so no
     /// overlapping range of another pool hands it out. Taken before any pool is
@@ -109,13 +115,25 @@ impl Change {
             Change::SetContainerId { offset, container_id } => {
                 entries.get_mut(offset).ok_or_else(|| format!("no allocation at offset {offset} to update"))?.container_id = container_id.clone();
             }
+            Change::Keep { offset, container_id } => {
+                if entries.get(offset).is_none_or(|e| e.container_id != *container_id) {
+                    return Err(format!("no allocation of container {container_id} at offset {offset} to keep"));
+                }
+            }
             Change::Reserve { .. } | Change::Unreserve { .. } => {}
         }
         Ok(())
     }
 
-    /// Whether the change touches the pool's entries (not only reservations).
+    /// Whether the change alters the pool's entries (not only reservations,
+    /// not a [`Change::Keep`]).
     pub fn touches_entries(&self) -> bool {
+        !matches!(self, Change::Reserve { .. } | Change::Unreserve { .. } | Change::Keep { .. })
+    }
+
+    /// Whether the commit must check the pool's entries for it: every change
+    /// to them, and a [`Change::Keep`].
+    pub fn guards_entries(&self) -> bool {
         !matches!(self, Change::Reserve { .. } | Change::Unreserve { .. })
     }
 }

@@ -3,7 +3,7 @@
 //! as the plugin runs, each call's requests pinned with their guards, and the
 //! keys left behind.
 
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -20,10 +20,6 @@ const P30: &str = "/thereabouts/pools/192.0.2.0-30";
 const R1: &str = "/thereabouts/reservations/192.0.2.1";
 const R2: &str = "/thereabouts/reservations/192.0.2.2";
 
-/// One engine for the process: dropping one unpublishes the code pages another
-/// may be running (it is loaded in place), and the tests share it one at a time.
-static ENGINE: LazyLock<Mutex<EngineComponent>> = LazyLock::new(|| Mutex::new(EngineComponent::load().unwrap()));
-
 /// One node's plugin calls for a network on `ranges`, against one etcd.
 struct Node {
     engine: MutexGuard<'static, EngineComponent>,
@@ -38,7 +34,7 @@ impl Node {
             "ipRanges": ranges.iter().map(|r| json!({"range": r})).collect::<Vec<_>>(),
         });
         let conf = json!({"cniVersion": "1.1.0", "name": "net", "type": "x", "ipam": ipam});
-        Node { engine: ENGINE.lock().unwrap_or_else(|e| e.into_inner()), etcd: MemoryEtcd::default(), conf }
+        Node { engine: crate::component::test_engine(), etcd: MemoryEtcd::default(), conf }
     }
 
     fn config(&mut self, pod: &str) -> NormalizedConfig {

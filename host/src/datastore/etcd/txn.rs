@@ -114,7 +114,7 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
         let pool_changed = update.changes.iter().any(Change::touches_entries);
         for change in &update.changes {
             match change {
-                Change::Insert(_) | Change::Remove { .. } | Change::SetContainerId { .. } => {}
+                Change::Insert(_) | Change::Remove { .. } | Change::SetContainerId { .. } | Change::Keep { .. } => {}
                 Change::Reserve { name: reservation, holder } => {
                     let key = layout.reservation_key(reservation);
                     let put = Write::Put { key: key.clone(), value: ReservationValue::of(holder).encode() };

@@ -80,6 +80,10 @@ pub fn update(pool: &PoolObject, changes: &[Change], fail_fast: bool) -> Result<
                 ops.push(id_test(offset, &key));
                 ops.push(json!({"op": "replace", "path": format!("{ALLOCATIONS}/{}/id", pointer_token(&key)), "value": container_id}));
             }
+            Change::Keep { offset, container_id } => {
+                let key = key(offset)?;
+                ops.push(json!({"op": "test", "path": format!("{ALLOCATIONS}/{}/id", pointer_token(&key)), "value": container_id}));
+            }
             Change::Reserve { .. } | Change::Unreserve { .. } => {}
         }
     }
@@ -142,6 +146,12 @@ mod tests {
                 {"op": "add", "path": "/spec/allocations/2", "value": {"id": "c", "podref": "ns/pod", "ifname": "eth0"}}
             ])
         );
+    }
+
+    #[test]
+    fn a_kept_entry_is_only_tested() {
+        let patch = update(&pool(&[(6, "6")]), &[Change::Keep { offset: 6, container_id: "id-6".into() }], false).unwrap();
+        assert_eq!(patch, json!([{"op": "test", "path": "/spec/allocations/6/id", "value": "id-6"}]));
     }
 
     #[test]

@@ -308,7 +308,7 @@ impl KubeTransaction<'_> {
         // refused, and a refused patch costs the apiserver an encoding and a
         // patch application of the whole pool, so a lost race costs one of
         // them, not one per range.
-        let writes: Vec<&PoolUpdate> = updates.iter().copied().filter(|u| u.changes.iter().any(Change::touches_entries)).collect();
+        let writes: Vec<&PoolUpdate> = updates.iter().copied().filter(|u| u.changes.iter().any(Change::guards_entries)).collect();
         let requests = match writes.iter().map(|u| self.pool_write_request(u)).collect::<Result<Vec<Request>, DatastoreError>>() {
             Ok(requests) => requests,
             Err(e) => {
@@ -389,7 +389,7 @@ impl KubeTransaction<'_> {
     fn holder_identity(&self, updates: &[PoolUpdate]) -> String {
         let committing = updates.iter().flat_map(|u| &u.changes).find_map(|c| match c {
             Change::Insert(a) | Change::Reserve { holder: a, .. } | Change::Unreserve { holder: a, .. } => Some(a),
-            Change::Remove { .. } | Change::SetContainerId { .. } => None,
+            Change::Remove { .. } | Change::SetContainerId { .. } | Change::Keep { .. } => None,
         });
         match (committing, &self.releasing) {
             (Some(a), _) => format!("{} container {} interface {}", a.pod_ref, a.container_id, a.ifname),
