@@ -49,7 +49,7 @@ spec:
 /// no kube-controller-manager runs here), and writes a kubeconfig with a token of
 /// the controller's ServiceAccount.
 pub async fn install(cluster: &Cluster) -> Result<PathBuf> {
-    cluster.apply_yaml(NAD_CRD).await.context("installing the NetworkAttachmentDefinition CRD")?;
+    install_nad_crd(cluster).await?;
     cluster.apply_path(&deploy_dir().join("controller.yaml")).await.context("applying deploy/controller.yaml")?;
     let accounts: Api<ServiceAccount> = Api::namespaced(cluster.admin_client().await?, NAMESPACE);
     let request = TokenRequest { spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }), ..Default::default() };
@@ -61,6 +61,11 @@ pub async fn install(cluster: &Cluster) -> Result<PathBuf> {
         doc["contexts"][0]["context"]["user"] = json!("controller");
     })?;
     Ok(kubeconfig)
+}
+
+/// The NetworkAttachmentDefinition CRD, as multus would install it.
+pub async fn install_nad_crd(cluster: &Cluster) -> Result<()> {
+    cluster.apply_yaml(NAD_CRD).await.context("installing the NetworkAttachmentDefinition CRD").map(|_| ())
 }
 
 /// A NAD named `name` in `default` whose config is `config`.
@@ -86,17 +91,23 @@ pub async fn remove_node(cluster: &Cluster, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// `thereabouts controller` as a child process, killed when dropped. Short
-/// lease, resync and cool-down, so the tests see its passes within seconds.
+/// `thereabouts controller` as a child process, killed when dropped.
 pub struct Controller {
     child: Child,
 }
 
 impl Controller {
+    /// Short lease, resync and `cool_down_seconds`, so tests see its passes within seconds.
     pub fn start(binary: &Path, kubeconfig: &Path, cool_down_seconds: u64, log: &Path) -> Result<Controller> {
+        Self::start_with(binary, kubeconfig, cool_down_seconds, 1, log)
+    }
+
+    pub fn start_with(binary: &Path, kubeconfig: &Path, cool_down_seconds: u64, resync_seconds: u64, log: &Path) -> Result<Controller> {
         let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let child = Command::new(binary)
-            .args(["controller", "--namespace", NAMESPACE, "--lease-seconds", "2", "--resync-seconds", "1"])
+            .args(["controller", "--namespace", NAMESPACE, "--lease-seconds", "2"])
+            .arg("--resync-seconds")
+            .arg(resync_seconds.to_string())
             .arg("--cool-down-seconds")
             .arg(cool_down_seconds.to_string())
             .arg("--kubeconfig")

@@ -175,3 +175,58 @@ fn the_controller_follows_nodes_and_nads_survives_a_kill_and_waits_with_a_range_
     });
     drop(control);
 }
+
+/// A cluster on whereabouts' node slices swaps plugins and keeps its layout and
+/// allocations: whereabouts' node-slice-controller lays the pool out and its
+/// plugin allocates; then thereabouts' plugin finds the same pods' addresses in
+/// the same per-node pools, allocates the next ones there and frees whereabouts'
+/// entries; and thereabouts' controller takes the layout over as it is.
+#[test]
+fn a_cluster_on_whereabouts_node_slices_keeps_its_layout_and_allocations() {
+    let cluster = Cluster::prepared().unwrap();
+    let objects = Objects::admin(&cluster).unwrap();
+    let tmp = TempDir::new("slices-compat");
+    let wb = thereabouts_k8s_harness::peers::whereabouts().unwrap();
+    let install = block_on(wb.install(&cluster)).unwrap();
+    let kubeconfig = block_on(controller::install(&cluster)).unwrap();
+    for node in ["node-a", "node-b"] {
+        block_on(controller::add_node(&cluster, node)).unwrap();
+    }
+    let mut theirs = thereabouts_k8s_harness::peers::whereabouts_conf(tmp.path(), &install.kubeconfig, "compat", &[V4]).unwrap();
+    theirs["ipam"]["node_slice_size"] = json!("/26");
+    block_on(controller::create_nad(&cluster, "compat", &theirs)).unwrap();
+    let log = std::fs::File::create(tmp.path().join("wb-controller.log")).unwrap();
+    let mut wb_controller = std::process::Command::new(&wb.node_slice_controller)
+        .arg("--kubeconfig")
+        .arg(cluster.admin_kubeconfig())
+        .env("WHEREABOUTS_NAMESPACE", thereabouts_k8s_harness::NAMESPACE)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    wait_until("whereabouts laid the slices out", Duration::from_secs(60), || every_node_holds_one(&objects, "compat", &["node-a", "node-b"]));
+    let wb_add = |pod: &str| on_node("ADD", &theirs, "node-a", pod).run(&wb.plugin);
+    let old: Vec<IpAddr> = ["w0", "w1"].iter().map(|p| ips_of(wb_add(p).expect_ok("whereabouts ADD"))[0]).collect();
+
+    let mut ours = sliced_conf(&cluster, "compat", V4);
+    ours["ipam"]["ipRanges"] = json!([{"range": V4}]);
+    ours["ipam"]["node_slice_size"] = json!("/26");
+    let add = |pod: &str| ips_of(on_node("ADD", &ours, "node-a", pod).run(&thereabouts_bin()).expect_ok("thereabouts ADD"))[0];
+    assert_eq!(add("w0"), old[0], "the same pod keeps whereabouts' address");
+    let fresh = add("t0");
+    assert!(!old.contains(&fresh) && holders(&objects, "compat")["node-a"].iter().any(|s| contains(s, fresh)));
+    let pool_name = format!("compat-node-a-{}", holders(&objects, "compat")["node-a"][0].replace('/', "-"));
+    assert_eq!(objects.allocations(&pool_name).unwrap().len(), 3, "one per-node pool holds both plugins' entries");
+    on_node("DEL", &ours, "node-a", "w1").run(&thereabouts_bin()).expect_ok("thereabouts DEL of a whereabouts pod");
+    assert_eq!(objects.allocations(&pool_name).unwrap().len(), 2);
+
+    // Controllers swapped: thereabouts' keeps whereabouts' layout as it is.
+    let layout = holders(&objects, "compat");
+    let _ = wb_controller.kill();
+    let _ = wb_controller.wait();
+    block_on(controller::create_nad(&cluster, "compat", &ours)).unwrap();
+    let _ours = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(holders(&objects, "compat"), layout);
+    assert_eq!(objects.get(SLICE_POOLS, "compat").unwrap().unwrap()["spec"]["range"], V4);
+}

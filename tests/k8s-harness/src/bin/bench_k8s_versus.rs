@@ -20,6 +20,15 @@
 //! runs the loopback scenario only); `--timeout-ms T` (120000) thereabouts'
 //! budget per call (whereabouts has its own).
 //!
+//! `--nodes N` (0) turns node slices on for both plugins: N simulated nodes
+//! (Node objects), a NetworkAttachmentDefinition of the config with
+//! `node_slice_size` (`--slice-sizes /24,/76`: the first for the top-level key,
+//! whereabouts' only one; each further one for its `ipRanges` entry, which only
+//! thereabouts reads), each plugin's own controller (whereabouts'
+//! node-slice-controller, `thereabouts controller`), and pod i on node i mod N
+//! (`NODENAME`). whereabouts slices only its first range, IPv4 only: give it
+//! `--ranges` with one IPv4 range for a comparison it can serve.
+//!
 //! Scenarios: the apiserver on loopback, then behind the latency proxy (a
 //! cluster's network: every round trip costs 2 L). Per plugin and scenario it
 //! prints the ADDs and DELs that succeeded, addresses handed out twice, wall
@@ -35,12 +44,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, addr_of, thereabouts_bin};
 use thereabouts_k8s_harness::apiserver_metrics::{Metrics, RequestCounts};
 use thereabouts_k8s_harness::bench::{Phase, Runner, process_cpu};
 use thereabouts_k8s_harness::burst::Network;
+use thereabouts_k8s_harness::controller::{self, Controller};
 use thereabouts_k8s_harness::held::reservations_in;
-use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
+use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, kubernetes_conf};
 use thereabouts_k8s_harness::report::{ms, percentile};
 use thereabouts_k8s_harness::{Cluster, LatencyProxy, peers};
 
@@ -51,17 +62,31 @@ struct Options {
     ranges: Vec<&'static str>,
     latency: Duration,
     timeout: Duration,
+    /// Simulated nodes with node slices; 0 = no node slices.
+    nodes: usize,
+    slice_sizes: Vec<String>,
 }
 
 fn parse_options() -> Result<Options> {
-    let mut o = Options { pods: 200, ranges: RANGES.to_vec(), latency: Duration::from_millis(1), timeout: Duration::from_secs(120) };
+    let mut o = Options {
+        pods: 200,
+        ranges: RANGES.to_vec(),
+        latency: Duration::from_millis(1),
+        timeout: Duration::from_secs(120),
+        nodes: 0,
+        slice_sizes: vec!["/24".into(), "/76".into()],
+    };
     let mut args = std::env::args().skip(1);
     while let Some(name) = args.next() {
         if name == "--help" || name == "-h" {
-            println!("bench_k8s_versus [--pods N (200)] [--ranges A,B] [--latency-ms L (1)] [--timeout-ms T (120000)]");
+            println!("bench_k8s_versus [--pods N (200)] [--ranges A,B] [--latency-ms L (1)] [--timeout-ms T (120000)] [--nodes N (0)] [--slice-sizes /24,/76]");
             std::process::exit(0);
         }
         let value = args.next().with_context(|| format!("{name} needs a value"))?;
+        if name == "--slice-sizes" {
+            o.slice_sizes = value.split(',').map(|s| s.trim().to_string()).collect();
+            continue;
+        }
         if name == "--ranges" {
             // The harness's network keeps `&'static str`s; a bench runs once.
             o.ranges = value.split(',').map(|r| &*Box::leak(r.trim().to_string().into_boxed_str())).collect();
@@ -72,6 +97,7 @@ fn parse_options() -> Result<Options> {
             "--pods" => o.pods = number as usize,
             "--latency-ms" => o.latency = Duration::from_millis(number),
             "--timeout-ms" => o.timeout = Duration::from_millis(number),
+            "--nodes" => o.nodes = number as usize,
             _ => bail!("unknown option {name} (see --help)"),
         }
     }
@@ -167,6 +193,8 @@ fn run(plugin: Plugin, latency: Option<Duration>, options: &Options) -> Result<R
         Plugin::Thereabouts => kubernetes_conf("versus", &kubeconfig, None, &options.ranges),
         Plugin::Whereabouts => peers::whereabouts_conf(work.path(), &kubeconfig, "", &options.ranges)?,
     };
+    let conf = if options.nodes > 0 { sliced(conf, options) } else { conf };
+    let _controller = if options.nodes > 0 { Some(lay_out_slices(plugin, &cluster, &conf, options, &work)?) } else { None };
     let net = Network::new(conf.clone(), &options.ranges, "versus");
     let objects = Objects::admin(&cluster)?;
     let metrics = Metrics::admin(&cluster)?;
@@ -177,27 +205,120 @@ fn run(plugin: Plugin, latency: Option<Duration>, options: &Options) -> Result<R
     };
     let server_cpu = || cluster.pids().into_iter().map(process_cpu).sum::<Duration>();
     let runner = Runner { bin: &bin, net: &net, scrape: &scrape, server_cpu: &server_cpu };
-    let invocation = |command: &str, cid: &str, pod: &str| {
-        Invocation::new(Call::pod(command, cid, pod), conf.to_string()).budget(options.timeout).watchdog(options.timeout + Duration::from_secs(60))
+    // Pod i runs on node i mod N (with node slices).
+    let invocation = |command: &str, cid: &str, pod: &str, i: usize| {
+        let call = Invocation::new(Call::pod(command, cid, pod), conf.to_string()).budget(options.timeout).watchdog(options.timeout + Duration::from_secs(60));
+        if options.nodes > 0 { call.env("NODENAME", &node_name(i % options.nodes)) } else { call }
     };
 
-    // Warm-up: the pools exist from here on (a running cluster's state).
-    for command in ["ADD", "DEL"] {
-        let warm = invocation(command, "cid-warm", "warm").run(&bin);
-        if !warm.ok() {
-            bail!("{} warm-up {command} failed: {}", plugin.name(), warm.describe());
+    // Warm-up: the pools exist from here on (a running cluster's state), one
+    // per node with node slices.
+    for i in 0..options.nodes.max(1) {
+        for command in ["ADD", "DEL"] {
+            let warm = invocation(command, &format!("cid-warm-{i}"), &format!("warm-{i}"), i).run(&bin);
+            if !warm.ok() {
+                bail!("{} warm-up {command} failed: {}", plugin.name(), warm.describe());
+            }
         }
     }
     let pods: Vec<(String, String)> = (0..options.pods).map(|i| (format!("cid-{i:04}"), format!("pod-{i:04}"))).collect();
-    let calls = |command: &str| pods.iter().map(|(cid, pod)| invocation(command, cid, pod)).collect::<Vec<_>>();
+    let calls = |command: &str| pods.iter().enumerate().map(|(i, (cid, pod))| invocation(command, cid, pod, i)).collect::<Vec<_>>();
     let label = format!("{} on {scenario}", plugin.name());
     let (adds, added) = runner.phase(&format!("{label}: {} concurrent ADDs", pods.len()), "ADD", &calls("ADD"), true);
     let duplicates = duplicates(&added);
     let (dels, _) = runner.phase(&format!("{label}: {} concurrent DELs", pods.len()), "DEL", &calls("DEL"), true);
-    let left_entries = net.pools().iter().map(|(pool, _)| objects.allocations(pool).map(|a| a.len()).unwrap_or(0)).sum();
+    // Every pool of the namespace: the whole-range pools, or the nodes' slice pools.
+    let left_entries = objects.list(IPPOOLS)?.values().map(|p| p["spec"]["allocations"].as_object().map_or(0, |a| a.len())).sum();
     let left_reservations = reservations_in(&objects, &options.ranges)?.len();
     drop(proxy);
     Ok(Row { scenario, plugin, adds, dels, duplicates, left_entries, left_reservations })
+}
+
+fn node_name(i: usize) -> String {
+    format!("node-{i:03}")
+}
+
+/// The config with node slices: the first size top-level, each further one on
+/// its `ipRanges` entry.
+fn sliced(mut conf: Value, options: &Options) -> Value {
+    conf["ipam"]["node_slice_size"] = json!(options.slice_sizes[0]);
+    for (i, size) in options.slice_sizes.iter().enumerate().skip(1) {
+        if let Some(entry) = conf["ipam"]["ipRanges"].get_mut(i) {
+            entry["node_slice_size"] = json!(size);
+        }
+    }
+    conf
+}
+
+/// A plugin's node-slice controller, killed when dropped.
+enum SliceController {
+    Thereabouts(Controller),
+    Whereabouts(std::process::Child),
+}
+
+impl Drop for SliceController {
+    fn drop(&mut self) {
+        match self {
+            SliceController::Thereabouts(controller) => controller.kill(),
+            SliceController::Whereabouts(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Nodes, the NAD, the plugin's controller; returns once every node holds a
+/// slice of every NodeSlicePool.
+fn lay_out_slices(plugin: Plugin, cluster: &Cluster, conf: &Value, options: &Options, work: &TempDir) -> Result<SliceController> {
+    let log = work.path().join("controller.log");
+    let control = match plugin {
+        Plugin::Thereabouts => {
+            let kubeconfig = block_on(controller::install(cluster))?;
+            SliceController::Thereabouts(Controller::start_with(&thereabouts_bin(), &kubeconfig, 150, 30, &log)?)
+        }
+        Plugin::Whereabouts => {
+            block_on(controller::install_nad_crd(cluster))?;
+            let output = std::fs::File::create(&log)?;
+            let child = std::process::Command::new(&peers::whereabouts()?.node_slice_controller)
+                .arg("--kubeconfig")
+                .arg(cluster.admin_kubeconfig())
+                .env("WHEREABOUTS_NAMESPACE", thereabouts_k8s_harness::NAMESPACE)
+                .stdout(output.try_clone()?)
+                .stderr(output)
+                .spawn()
+                .context("starting whereabouts' node-slice-controller")?;
+            SliceController::Whereabouts(child)
+        }
+    };
+    for i in 0..options.nodes {
+        block_on(controller::add_node(cluster, &node_name(i)))?;
+    }
+    block_on(controller::create_nad(cluster, "versus", conf))?;
+    let objects = Objects::admin(cluster)?;
+    let end = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let pools = objects.list("nodeslicepools")?;
+        let assigned = |p: &Value| {
+            let held: BTreeSet<&str> = p
+                .pointer("/status/allocations")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a["nodeName"].as_str())
+                .filter(|n| !n.is_empty())
+                .collect();
+            held.len()
+        };
+        if !pools.is_empty() && pools.values().all(|p| assigned(p) == options.nodes) {
+            eprintln!("bench: {} NodeSlicePool(s) laid out for {} nodes", pools.len(), options.nodes);
+            return Ok(control);
+        }
+        if std::time::Instant::now() > end {
+            bail!("{}: the NodeSlicePools never gave every node a slice (controller log {})", plugin.name(), log.display());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 fn per(value: Duration, calls: usize) -> String {
@@ -229,10 +350,11 @@ fn main() -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!();
     println!(
-        "{} concurrent ADDs then {} concurrent DELs, ranges {} with reservations, CRDs + RBAC only; {cores} cores",
+        "{} concurrent ADDs then {} concurrent DELs, ranges {} with reservations, CRDs + RBAC only{}; {cores} cores",
         options.pods,
         options.pods,
-        options.ranges.join(" + ")
+        options.ranges.join(" + "),
+        if options.nodes > 0 { format!(", over {} nodes with node slices {}", options.nodes, options.slice_sizes.join(" + ")) } else { String::new() }
     );
     println!();
     println!(
@@ -268,12 +390,14 @@ fn main() -> Result<()> {
         let [w, t] = pair else { continue };
         let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
         println!(
-            "- {}: thereabouts' ADD throughput {:.1}x whereabouts', DEL {:.1}x; apiserver+etcd CPU per ADD {:.2}x whereabouts', per DEL {:.2}x",
+            "- {}: thereabouts' ADD throughput {:.1}x whereabouts', DEL {:.1}x; apiserver+etcd CPU per ADD {:.2}x whereabouts', per DEL {:.2}x; plugin+apiserver+etcd CPU per ADD {} against {}",
             w.scenario,
             ratio(w.adds.wall, t.adds.wall),
             ratio(w.dels.wall, t.dels.wall),
             ratio(t.adds.server_cpu, w.adds.server_cpu),
             ratio(t.dels.server_cpu, w.dels.server_cpu),
+            per(t.adds.server_cpu + t.adds.plugin_cpu, t.adds.calls),
+            per(w.adds.server_cpu + w.adds.plugin_cpu, w.adds.calls),
         );
     }
     let bad: Vec<&Row> = rows

@@ -1,0 +1,216 @@
+//! Node slices at scale: 20 000 pods over 100 simulated nodes on one real
+//! kube-apiserver, added in batches, a dual-stack config of a /15 and a /64
+//! (198.18.0.0/15, the benchmarking network of RFC 2544, in /24 slices, and
+//! 2001:db8:b0::/64 in /76 slices), reservations on. Per batch it prints the
+//! cost per ADD (wall, plugin CPU, apiserver+etcd CPU, API requests), so
+//! "flat in the pod count" can be read off, and the largest object the
+//! apiserver holds; `--svg FILE` plots the cost per ADD against the pods
+//! already allocated.
+//!
+//! ```sh
+//! bash scripts/build-plugin.sh
+//! THEREABOUTS_K8S_BINS=$(bash tests/k8s-bins/build.sh) \
+//!   cargo run --release -p thereabouts-k8s-harness --bin bench_k8s_scale -- --pods 20000 --nodes 100 --batch 500 --svg docs/scale.svg
+//! ```
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use thereabouts_e2e::{Call, Invocation, TempDir, addr_of, thereabouts_bin};
+use thereabouts_k8s_harness::Cluster;
+use thereabouts_k8s_harness::apiserver_metrics::{Metrics, RequestCounts};
+use thereabouts_k8s_harness::bench::{Phase, Runner, process_cpu};
+use thereabouts_k8s_harness::burst::Network;
+use thereabouts_k8s_harness::controller::{self, Controller};
+use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, kubernetes_conf};
+
+const RANGES: [&str; 2] = ["198.18.0.0/15", "2001:db8:b0::/64"];
+/// The bound this bench holds every object to (the NodeSlicePool of 4 096
+/// slices is the largest by design).
+const OBJECT_BOUND: usize = 512 * 1024;
+
+struct Options {
+    pods: usize,
+    nodes: usize,
+    batch: usize,
+    svg: Option<PathBuf>,
+}
+
+fn parse_options() -> Result<Options> {
+    let mut o = Options { pods: 20_000, nodes: 100, batch: 500, svg: None };
+    let mut args = std::env::args().skip(1);
+    while let Some(name) = args.next() {
+        let value = args.next().with_context(|| format!("{name} needs a value"))?;
+        match name.as_str() {
+            "--pods" => o.pods = value.parse()?,
+            "--nodes" => o.nodes = value.parse()?,
+            "--batch" => o.batch = value.parse()?,
+            "--svg" => o.svg = Some(PathBuf::from(value)),
+            _ => bail!("unknown option {name}: --pods N --nodes N --batch N --svg FILE"),
+        }
+    }
+    if o.nodes == 0 || o.batch == 0 || o.pods / o.nodes > 250 {
+        bail!("--nodes and --batch must be positive, and a node's pods fit in one /24 slice (at most 250 per node)");
+    }
+    Ok(o)
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime").block_on(f)
+}
+
+/// One batch's figures, per ADD.
+struct Point {
+    pods_before: usize,
+    wall_ms: f64,
+    plugin_ms: f64,
+    server_ms: f64,
+    requests: f64,
+    p99_ms: f64,
+}
+
+fn point(pods_before: usize, phase: &Phase<RequestCounts>) -> Point {
+    let per = |d: Duration| d.as_secs_f64() * 1000.0 / phase.calls.max(1) as f64;
+    let mut l = phase.latencies.clone();
+    l.sort();
+    Point {
+        pods_before,
+        wall_ms: per(phase.wall),
+        plugin_ms: per(phase.plugin_cpu),
+        server_ms: per(phase.server_cpu),
+        requests: phase.requests.as_ref().map_or(f64::NAN, |r| r.total() / phase.calls.max(1) as f64),
+        p99_ms: thereabouts_k8s_harness::report::percentile(&l, 99.0).as_secs_f64() * 1000.0,
+    }
+}
+
+/// The largest object of each kind the plugin and the controller write, in bytes of JSON.
+fn largest(objects: &Objects) -> Result<(usize, usize)> {
+    let size = |m: std::collections::BTreeMap<String, Value>| m.values().map(|v| v.to_string().len()).max().unwrap_or(0);
+    Ok((size(objects.list(IPPOOLS)?), size(objects.list("nodeslicepools")?)))
+}
+
+fn main() -> Result<()> {
+    let o = parse_options()?;
+    let cluster = Cluster::prepared_with(false).context("starting the control plane")?;
+    let work = TempDir::new("scale");
+    let mut conf = kubernetes_conf("scale", &cluster.plugin_kubeconfig(), None, &RANGES);
+    conf["ipam"]["node_slice_size"] = json!("/24");
+    conf["ipam"]["ipRanges"][1]["node_slice_size"] = json!("/76");
+    let kubeconfig = block_on(controller::install(&cluster))?;
+    let _controller = Controller::start_with(&thereabouts_bin(), &kubeconfig, 150, 30, &work.path().join("controller.log"))?;
+    let node = |i: usize| format!("node-{i:03}");
+    for i in 0..o.nodes {
+        block_on(controller::add_node(&cluster, &node(i)))?;
+    }
+    block_on(controller::create_nad(&cluster, "scale", &conf))?;
+    let objects = Objects::admin(&cluster)?;
+    let end = std::time::Instant::now() + Duration::from_secs(120);
+    while !objects.list("nodeslicepools")?.values().all(|p| {
+        p.pointer("/status/allocations")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|a| a["nodeName"].as_str().is_some_and(|n| !n.is_empty()))
+            .count()
+            == o.nodes
+    }) || objects.list("nodeslicepools")?.len() < 2
+    {
+        if std::time::Instant::now() > end {
+            bail!("the controller never laid out both NodeSlicePools for {} nodes", o.nodes);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    let net = Network::new(conf.clone(), &RANGES, "scale");
+    let metrics = Metrics::admin(&cluster)?;
+    let scrape = |_: &str| {
+        std::thread::sleep(Duration::from_millis(200));
+        metrics.requests().ok()
+    };
+    let server_cpu = || cluster.pids().into_iter().map(process_cpu).sum::<Duration>();
+    let bin = thereabouts_bin();
+    let runner = Runner { bin: &bin, net: &net, scrape: &scrape, server_cpu: &server_cpu };
+    let invocation = |i: usize| {
+        Invocation::new(Call::pod("ADD", &format!("cid-{i:05}"), &format!("pod-{i:05}")), conf.to_string())
+            .env("NODENAME", &node(i % o.nodes))
+            .watchdog(Duration::from_secs(180))
+    };
+
+    let mut points = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut failed = 0;
+    for start in (0..o.pods).step_by(o.batch) {
+        let calls: Vec<Invocation> = (start..(start + o.batch).min(o.pods)).map(invocation).collect();
+        let (phase, outcomes) = runner.phase(&format!("pods {start}..{}", start + calls.len()), "ADD", &calls, true);
+        failed += phase.failed;
+        for ip in outcomes.iter().filter(|o| o.ok()).flat_map(|o| o.ips()) {
+            if !seen.insert(addr_of(&ip)) {
+                bail!("{ip} handed out twice");
+            }
+        }
+        points.push(point(start, &phase));
+    }
+    let (pool_bytes, slice_pool_bytes) = largest(&objects)?;
+
+    println!();
+    println!("{} pods over {} nodes in batches of {}, ranges {} in /24 + /76 slices, reservations on; 2 cores", o.pods, o.nodes, o.batch, RANGES.join(" + "));
+    println!();
+    println!("| pods before the batch | wall per ADD | ADD p99 | plugin CPU per ADD | apiserver+etcd CPU per ADD | API requests per ADD |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for p in &points {
+        println!("| {} | {:.1} ms | {:.0} ms | {:.1} ms | {:.1} ms | {:.1} |", p.pods_before, p.wall_ms, p.p99_ms, p.plugin_ms, p.server_ms, p.requests);
+    }
+    println!();
+    println!("- ADDs failed: {failed}; addresses handed out: {} (none twice)", seen.len());
+    println!("- largest IPPool: {pool_bytes} bytes; largest NodeSlicePool: {slice_pool_bytes} bytes; bound {OBJECT_BOUND} bytes");
+    if let Some(path) = &o.svg {
+        std::fs::write(path, svg(&points, o.pods)).with_context(|| format!("writing {}", path.display()))?;
+        println!("- plot: {}", path.display());
+    }
+    if failed > 0 || pool_bytes.max(slice_pool_bytes) > OBJECT_BOUND {
+        bail!("{failed} ADDs failed, or an object is over {OBJECT_BOUND} bytes");
+    }
+    Ok(())
+}
+
+/// One line of the plot: its label, its colour, its value per batch.
+type Series = (&'static str, &'static str, fn(&Point) -> f64);
+
+/// A line plot of the CPU per ADD (plugin, apiserver+etcd) against the pods
+/// already allocated, as plain SVG.
+fn svg(points: &[Point], pods: usize) -> String {
+    let (w, h, left, bottom, top, right) = (720.0, 360.0, 60.0, 40.0, 30.0, 20.0);
+    let y_max = points.iter().map(|p| p.plugin_ms + p.server_ms).fold(1.0f64, f64::max) * 1.2;
+    let x = |pods_before: usize| left + (pods_before as f64 / pods.max(1) as f64) * (w - left - right);
+    let y = |v: f64| h - bottom - v / y_max * (h - bottom - top);
+    let mut out = String::new();
+    let _ = write!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#);
+    let _ = write!(out, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = write!(out, r#"<text x="{left}" y="18">CPU per ADD while {pods} pods are added over the nodes' slices (ms)</text>"#);
+    let _ = write!(out, r#"<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, h - bottom, w - right, h - bottom);
+    let _ = write!(out, r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{}" stroke="black"/>"#, h - bottom);
+    for i in 0..=4 {
+        let v = y_max * i as f64 / 4.0;
+        let _ = write!(out, r#"<text x="{}" y="{}" text-anchor="end">{v:.0}</text>"#, left - 6.0, y(v) + 4.0);
+        let tick = pods * i / 4;
+        let _ = write!(out, r#"<text x="{}" y="{}" text-anchor="middle">{tick}</text>"#, x(tick), h - bottom + 16.0);
+    }
+    let _ = write!(out, r#"<text x="{}" y="{}" text-anchor="middle">pods allocated before the batch</text>"#, (w + left) / 2.0, h - 6.0);
+    let series: [Series; 3] = [
+        ("plugin + apiserver + etcd", "#c0392b", |p| p.plugin_ms + p.server_ms),
+        ("apiserver + etcd", "#2874a6", |p| p.server_ms),
+        ("plugin", "#239b56", |p| p.plugin_ms),
+    ];
+    for (k, (name, colour, value)) in series.iter().enumerate() {
+        let path: Vec<String> = points.iter().map(|p| format!("{:.1},{:.1}", x(p.pods_before), y(value(p)))).collect();
+        let _ = write!(out, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, path.join(" "));
+        let ly = top + 14.0 * k as f64;
+        let _ = write!(out, r#"<text x="{}" y="{}" fill="{colour}">{name}</text>"#, w - right - 180.0, ly + 10.0);
+    }
+    out.push_str("</svg>\n");
+    out
+}
