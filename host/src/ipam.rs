@@ -47,7 +47,7 @@ pub struct Attachment<'a> {
 }
 
 pub fn pool_of(range: &NormalizedRange) -> PoolId {
-    PoolId { name: range.pool_name.clone(), cidr: range.cidr.clone() }
+    PoolId { name: range.pool_name.clone(), cidr: range.cidr.clone(), node_local: false }
 }
 
 /// The config's pools, each once, in range order (two ranges may share a pool).
@@ -55,7 +55,7 @@ fn distinct_pools(config: &NormalizedConfig) -> Vec<PoolId> {
     distinct_pools_of(&config.ranges)
 }
 
-fn distinct_pools_of<'a>(ranges: impl IntoIterator<Item = &'a NormalizedRange>) -> Vec<PoolId> {
+pub(crate) fn distinct_pools_of<'a>(ranges: impl IntoIterator<Item = &'a NormalizedRange>) -> Vec<PoolId> {
     let mut seen = HashSet::new();
     ranges.into_iter().map(pool_of).filter(|p| seen.insert(p.name.clone())).collect()
 }
@@ -241,7 +241,7 @@ pub fn allocate(
 ) -> Result<Vec<Assignment>, IpamError> {
     let mut request =
         Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None, contention: 0 };
-    let pools = distinct_pools_of(placement.choices.iter().flatten());
+    let pools = placement.pools();
     let reserving = reserves(store, config);
     cycle(store, &pools, Purpose::Update, deadline, "ADD", |loaded, conflicts| {
         request.contention = conflicts;
@@ -336,10 +336,19 @@ fn release_in(
     Ok(removed)
 }
 
-/// DEL: forgets the attachment's entries in every pool of the config. Nothing to
+/// DEL: forgets the attachment's entries in every pool the config's ranges may
+/// have given it (each of this node's slices, with node slices). Nothing to
 /// forget is success. Returns how many entries were removed.
-pub fn release(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, deadline: Instant) -> Result<usize, IpamError> {
-    let pools = distinct_pools(config);
+pub fn release(
+    engine: &mut EngineComponent,
+    store: &dyn Datastore,
+    config: &NormalizedConfig,
+    placement: &Placement,
+    who: Attachment,
+    deadline: Instant,
+) -> Result<usize, IpamError> {
+    let config = &placement.expanded(config);
+    let pools = placement.pools();
     let reserving = reserves(store, config);
     let purpose = if reserving { Purpose::Release { container_id: who.container_id, ifname: who.ifname } } else { Purpose::Update };
     let mut tx = store.begin(&pools, purpose, deadline)?;
@@ -394,7 +403,7 @@ pub fn find(
     who: Attachment,
     deadline: Instant,
 ) -> Result<Vec<Option<(NormalizedRange, Allocation)>>, IpamError> {
-    let loaded = read_all(store, &distinct_pools_of(placement.choices.iter().flatten()), deadline)?;
+    let loaded = read_all(store, &placement.pools(), deadline)?;
     let mut found = Vec::with_capacity(config.ranges.len());
     for choices in &placement.choices {
         let mut hit = None;
@@ -531,7 +540,7 @@ mod tests {
     use crate::datastore::Version;
 
     fn pool(name: &str) -> PoolId {
-        PoolId { name: name.into(), cidr: format!("{name}/24") }
+        PoolId { name: name.into(), cidr: format!("{name}/24"), node_local: false }
     }
 
     #[test]

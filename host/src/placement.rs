@@ -9,7 +9,7 @@ use std::time::Instant;
 use thereabouts_allocator::model::{NormalizedConfig, NormalizedRange};
 
 use crate::component::{EngineComponent, EngineFailure};
-use crate::datastore::{Datastore, DatastoreError};
+use crate::datastore::{Datastore, DatastoreError, PoolId};
 use crate::ipam::IpamError;
 use crate::node_name;
 
@@ -18,6 +18,8 @@ use crate::node_name;
 #[derive(Debug, Clone)]
 pub struct Placement {
     pub choices: Vec<Vec<NormalizedRange>>,
+    /// Per range of the config: whether its choices are this node's slices.
+    sliced: Vec<bool>,
     /// This node's name, when a range is sliced.
     pub node: Option<String>,
 }
@@ -33,7 +35,7 @@ pub enum Claims {
 impl Placement {
     /// Every range as configured: no node slices.
     pub fn whole(config: &NormalizedConfig) -> Self {
-        Placement { choices: config.ranges.iter().map(|r| vec![r.clone()]).collect(), node: None }
+        Placement { choices: config.ranges.iter().map(|r| vec![r.clone()]).collect(), sliced: vec![false; config.ranges.len()], node: None }
     }
 
     /// The ranges this node may use. Without `node_slice_size`, [`Placement::whole`]
@@ -71,7 +73,8 @@ impl Placement {
             }
             choices.push(ranges);
         }
-        let mut placement = Placement { choices, node: Some(node) };
+        let sliced = config.ranges.iter().map(|r| r.node_slicing.is_some()).collect();
+        let mut placement = Placement { choices, sliced, node: Some(node) };
         if claims == Claims::Allowed {
             for index in 0..config.ranges.len() {
                 if placement.choices[index].is_empty() {
@@ -129,6 +132,16 @@ impl Placement {
     /// Whether any range is sliced.
     pub fn is_sliced(&self) -> bool {
         self.node.is_some()
+    }
+
+    /// Every pool a choice is on, each once, in range order; a node's slice
+    /// pools are [`PoolId::node_local`].
+    pub fn pools(&self) -> Vec<PoolId> {
+        let mut pools = crate::ipam::distinct_pools_of(self.choices.iter().flatten());
+        for pool in &mut pools {
+            pool.node_local = self.choices.iter().zip(&self.sliced).any(|(c, sliced)| *sliced && c.iter().any(|r| r.pool_name == pool.name));
+        }
+        pools
     }
 
     /// The config with every choice as a range of its own: what a DEL searches,

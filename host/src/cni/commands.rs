@@ -146,7 +146,7 @@ pub fn build_result(config: &NormalizedConfig, assignments: &[Assignment]) -> Re
 fn del(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<(), CniError> {
     let deadline = deadline(retry::OTHER_BUDGET);
     let placement = Placement::resolve(engine, store, config, Claims::None, deadline)?;
-    let removed = ipam::release(engine, store, &placement.expanded(config), who, deadline)?;
+    let removed = ipam::release(engine, store, config, &placement, who, deadline)?;
     logging::verbose(format!("DEL {}/{}: released {removed} allocation(s)", who.container_id, who.ifname));
     Ok(())
 }

@@ -45,13 +45,12 @@
 //! only avoids an address that a power cut may free again.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use std::sync::mpsc;
 use std::time::Instant;
 use thereabouts_allocator::model::Allocation;
 
@@ -135,7 +134,7 @@ impl FileStore {
 
     /// Takes the pool's lock, waiting until `deadline` at the latest.
     fn lock(&self, name: &str, deadline: Instant) -> Result<File, DatastoreError> {
-        lock_file(self.lock_path(name), &format!("pool {name}"), deadline)
+        super::flock::lock(self.lock_path(name), &format!("pool {name}"), deadline)
     }
 
     /// The names of the pools in `data_dir`.
@@ -427,7 +426,7 @@ impl FileTransaction<'_> {
         scopes.dedup();
         let locks = scopes
             .iter()
-            .map(|scope| lock_file(store.reservations_lock_path(scope), &format!("the reservations of network_name {scope:?}"), deadline))
+            .map(|scope| super::flock::lock(store.reservations_lock_path(scope), &format!("the reservations of network_name {scope:?}"), deadline))
             .collect::<Result<Vec<_>, _>>()?;
         // The commit's own pools as read; the others from disk, under the locks
         // every commit that reserves in these scopes takes.
@@ -459,33 +458,6 @@ impl FileTransaction<'_> {
             }
         }
         Ok(Ok(locks))
-    }
-}
-
-/// Takes the `flock` of the lock file at `path` (created if missing), waiting
-/// until `deadline` at the latest; `what` names what it guards, for the timeout.
-fn lock_file(path: PathBuf, what: &str, deadline: Instant) -> Result<File, DatastoreError> {
-    let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| DatastoreError::io(&path, e))?;
-    match file.try_lock() {
-        Ok(()) => return Ok(file),
-        Err(TryLockError::WouldBlock) => {}
-        Err(TryLockError::Error(e)) => return Err(DatastoreError::io(&path, e)),
-    }
-    // Wait in the kernel's queue (a blocking flock) rather than polling: a
-    // poller loses every race to luckier processes and can starve for seconds
-    // under a burst. The wait happens on a helper thread so the deadline holds;
-    // a thread still waiting at the deadline dies with the process.
-    let waiter = file.try_clone().map_err(|e| DatastoreError::io(&path, e))?;
-    let (done, outcome) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(waiter.lock());
-    });
-    let timeout = || DatastoreError::Timeout { what: format!("locking {what} ({})", path.display()) };
-    match outcome.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        // The lock belongs to the open file description, shared with `file`.
-        Ok(Ok(())) => Ok(file),
-        Ok(Err(e)) => Err(DatastoreError::io(&path, e)),
-        Err(_) => Err(timeout()),
     }
 }
 
@@ -548,7 +520,7 @@ mod tests {
     }
 
     fn pool(name: &str, cidr: &str) -> PoolId {
-        PoolId { name: name.into(), cidr: cidr.into() }
+        PoolId { name: name.into(), cidr: cidr.into(), node_local: false }
     }
 
     fn alloc(offset: u128, id: &str) -> Allocation {

@@ -71,7 +71,7 @@ mod tests {
     use super::*;
 
     fn scoped(name: &str, cidr: &str) -> Scoped {
-        Scoped::of(&PoolId { name: name.into(), cidr: cidr.into() }).unwrap()
+        Scoped::of(&PoolId { name: name.into(), cidr: cidr.into(), node_local: false }).unwrap()
     }
 
     fn cidr(text: &str) -> Cidr {
@@ -83,7 +83,7 @@ mod tests {
         assert_eq!(scoped("192.0.2.0-24", "192.0.2.0/24").scope, "");
         assert_eq!(scoped("blue-192.0.2.0-24", "192.0.2.0/24").scope, "blue");
         assert_eq!(scoped("my-net.1-2001-db8---64", "2001:db8::/64").scope, "my-net.1");
-        assert_eq!(Scoped::of(&PoolId { name: "other-198.51.100.0-24".into(), cidr: "192.0.2.0/24".into() }), None);
+        assert_eq!(Scoped::of(&PoolId { name: "other-198.51.100.0-24".into(), cidr: "192.0.2.0/24".into(), node_local: false }), None);
     }
 
     #[test]

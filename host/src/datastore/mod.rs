@@ -11,6 +11,7 @@ pub mod etcd;
 pub mod failure;
 pub mod file;
 mod file_overlap;
+mod flock;
 pub mod kubernetes;
 pub mod pool_document;
 pub mod pool_file;
@@ -33,6 +34,10 @@ pub struct PoolId {
     pub name: String,
     /// The range's canonical CIDR, stored in the pool as its `range`.
     pub cidr: String,
+    /// Only this node's calls write it: a node's pool of one of its slices
+    /// (`node_slice_size`). Its writers then take turns through a lock on the
+    /// node, not through the store (`kubernetes/turn.rs`).
+    pub node_local: bool,
 }
 
 /// A backend's version of a pool: compared for equality only. The empty version

@@ -164,7 +164,7 @@ mod tests {
     }
 
     fn pool(name: &str, cidr: &str) -> PoolId {
-        PoolId { name: name.into(), cidr: cidr.into() }
+        PoolId { name: name.into(), cidr: cidr.into(), node_local: false }
     }
 
     fn stored(holder: &Allocation, create: i64, modified: i64) -> Option<StoredReservation> {

@@ -22,6 +22,7 @@ pub mod failure;
 pub mod kubeconfig;
 #[cfg(test)]
 mod mock_api;
+mod node_turn;
 pub mod patch;
 pub mod slices;
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::datastore::{Change, Outcome, Pool, PoolUpdate, Retry, Version};
 const API: &str = "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns";
 
 fn pool(cidr: &str) -> PoolId {
-    PoolId { name: cidr.replace('/', "-"), cidr: cidr.into() }
+    PoolId { name: cidr.replace('/', "-"), cidr: cidr.into(), node_local: false }
 }
 
 fn alloc(offset: u128, cid: &str, pod: &str) -> Allocation {
@@ -281,7 +281,7 @@ fn an_older_reservation_is_an_overlapping_range_and_another_containers_is_not_ad
 
 #[test]
 fn a_failing_later_pool_rolls_back_the_earlier_one_and_frees_the_reservations() {
-    let (p4, p6) = (pool("192.0.2.0/24"), PoolId { name: "2001-db8---64".into(), cidr: "2001:db8::/64".into() });
+    let (p4, p6) = (pool("192.0.2.0/24"), PoolId { name: "2001-db8---64".into(), cidr: "2001:db8::/64".into(), node_local: false });
     let (a4, a6) = (alloc(1, "c1", "a"), alloc(1, "c1", "a"));
     let (s, log, _) = store(
         "ns",
@@ -425,7 +425,7 @@ fn throttling_is_retried_until_the_deadline_then_unavailable() {
 
 #[test]
 fn a_pool_write_whose_answer_was_lost_keeps_the_reservations_of_what_may_have_landed() {
-    let (p4, p6) = (pool("192.0.2.0/24"), PoolId { name: "2001-db8---64".into(), cidr: "2001:db8::/64".into() });
+    let (p4, p6) = (pool("192.0.2.0/24"), PoolId { name: "2001-db8---64".into(), cidr: "2001:db8::/64".into(), node_local: false });
     let a = alloc(1, "c1", "a");
     let deletes = |rollback: Answer| {
         // The IPv4 pool is written; the IPv6 PATCH gets no answer, and may land
@@ -562,4 +562,29 @@ fn a_claim_takes_a_slice_a_sibling_call_of_the_node_claimed_meanwhile() {
     let known = ["192.0.2.0/26".to_string()];
     assert_eq!(s.claim_slice("net1", "a", &known, &mut |_| true, deadline()).unwrap().as_deref(), Some("192.0.2.64/26"));
     assert_eq!(log.lines().len(), 1, "no patch");
+}
+
+#[test]
+fn a_nodes_calls_on_its_slice_pools_take_turns_on_the_node_and_read_what_the_last_wrote() {
+    // Its own namespace: the node's lock files outlive the test process.
+    let ns = format!("turns-{}", std::process::id());
+    let p = PoolId { node_local: true, ..pool("192.0.2.0/26") };
+    let written = Answer::Ok(json!({"metadata": {"resourceVersion": "77"}}));
+    let script = vec![listed(&p, "10", "12", json!({})), created("u1"), written, listed(&p, "77", "78", json!({"1": entry("c1", "a")}))];
+    let (s, log, _) = store(&ns, script);
+    let mut first = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    assert!(first.serialized(), "the node's turn from the start");
+    first.load().unwrap();
+    assert_eq!(first.commit(&[add(&p, "10", "192.0.2.1", &alloc(1, "c1", "a"))]).unwrap(), Outcome::Committed);
+    drop(first);
+    let mut second = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    second.load().unwrap();
+    let lines = log.lines();
+    assert!(lines[0].ends_with("resourceVersion=0"), "no holder before it: {}", lines[0]);
+    // No version test in the node's turn, and no ticket: the entry tests arbitrate.
+    assert!(log.body(2).as_array().unwrap().iter().all(|op| op["path"] != "/metadata/resourceVersion"), "{}", log.body(2));
+    assert!(lines[3].contains("resourceVersion=77&resourceVersionMatch=NotOlderThan"), "{lines:?}");
+    drop(second);
+    let dir = std::path::Path::new(super::node_turn::LOCK_DIR);
+    let _ = std::fs::remove_file(dir.join(format!("{ns}_{}.lock", p.name)));
 }

@@ -11,6 +11,7 @@ use serde_json::Value;
 use thereabouts_allocator::model::Allocation;
 
 use super::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
+use super::node_turn::NodeTurn;
 use super::turn::{self, Turn};
 use super::{CLEANUP_GRACE, JSON, JSON_PATCH, KubernetesStore, REQUEST_TIMEOUT, Reply, Request, THROTTLE_RETRIES, WRITE_TIMEOUT, failure, patch};
 use crate::datastore::{Change, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, ReservedOffsets, Retry, Transaction, Version};
@@ -51,6 +52,9 @@ enum TurnState {
     NotYet,
     /// A race was lost, and this call now holds its turn on its pools.
     Holding(Turn),
+    /// Its pools are this node's slice pools, and it holds the node's lock on
+    /// them from the start ([`NodeTurn`]): it alone writes them now.
+    Node(NodeTurn),
     /// A race was lost and no turn could be had (or it ended): attempts are
     /// re-applied inside the apiserver, as before turns existed.
     Without,
@@ -102,6 +106,12 @@ pub(super) fn begin<'s>(store: &'s KubernetesStore, pools: &[PoolId], purpose: P
         Purpose::Release { container_id, ifname } => Some(labelled_reservations(store, container_id, ifname, deadline)?),
         Purpose::Read | Purpose::Update => None,
     };
+    // Only this node writes its slice pools: its calls take turns on the node.
+    let node_local = !pools.is_empty() && pools.iter().all(|p| p.node_local) && purpose != Purpose::Read;
+    let turn = match node_local.then(|| NodeTurn::take(&store.namespace, pools, deadline)).flatten() {
+        Some(held) => TurnState::Node(held),
+        None => TurnState::NotYet,
+    };
     Ok(KubeTransaction {
         store,
         pools: pools.to_vec(),
@@ -113,7 +123,7 @@ pub(super) fn begin<'s>(store: &'s KubernetesStore, pools: &[PoolId], purpose: P
         reuse_reads: false,
         races_lost: 0,
         releasing,
-        turn: TurnState::NotYet,
+        turn,
     })
 }
 
@@ -188,7 +198,7 @@ impl Transaction for KubeTransaction<'_> {
     }
 
     fn serialized(&self) -> bool {
-        matches!(self.turn, TurnState::Holding(_))
+        matches!(self.turn, TurnState::Holding(_) | TurnState::Node(_))
     }
 
     fn free_leftovers(&mut self, in_use: &[String]) -> Result<usize, DatastoreError> {
@@ -379,8 +389,10 @@ impl KubeTransaction<'_> {
 
     /// Ends the turn this call holds, if any: later attempts go without one.
     fn end_turn(&mut self) {
-        if let TurnState::Holding(held) = std::mem::replace(&mut self.turn, TurnState::Without) {
-            turn::end(self.store, held);
+        match std::mem::replace(&mut self.turn, TurnState::Without) {
+            TurnState::Holding(held) => turn::end(self.store, held),
+            // Dropping the locks ends the node's turn.
+            TurnState::Node(_) | TurnState::NotYet | TurnState::Without => {}
         }
     }
 
@@ -452,7 +464,12 @@ impl KubeTransaction<'_> {
     /// safely: its `resourceVersion` test or its entry tests refuse it, or the
     /// address's reservation is taken.
     fn pool_read_request(&self, pool: &PoolId) -> Request {
-        let path = format!("{}&resourceVersion=0", crd::named_list_path(&self.store.namespace, IPPOOLS, &pool.name));
+        // In the node's turn: the cache once it holds the last holder's write.
+        let version = match &self.turn {
+            TurnState::Node(turn) => turn.last_version(&pool.name).map(|v| format!("resourceVersion={v}&resourceVersionMatch=NotOlderThan")),
+            _ => None,
+        };
+        let path = format!("{}&{}", crd::named_list_path(&self.store.namespace, IPPOOLS, &pool.name), version.as_deref().unwrap_or("resourceVersion=0"));
         Request { method: Method::GET, path, body: None, action: format!("reading IPPool {}/{}", self.store.namespace, pool.name) }
     }
 
@@ -663,7 +680,12 @@ impl KubeTransaction<'_> {
         let action = if update.expected.is_absent() { "creating" } else { "patching" };
         let action = format!("{action} IPPool {}/{name}", self.store.namespace);
         match answer? {
-            Reply::Object(_) => Ok(Outcome::Committed),
+            Reply::Object(written) => {
+                if let (TurnState::Node(turn), Some(version)) = (&self.turn, written.pointer("/metadata/resourceVersion").and_then(Value::as_str)) {
+                    turn.record(name, version);
+                }
+                Ok(Outcome::Committed)
+            }
             // Someone created it first.
             Reply::Status(s) if update.expected.is_absent() && s.code == 409 => conflict(),
             Reply::Status(s) if update.expected.is_absent() => Err(self.store.status_error(&s, &action)),

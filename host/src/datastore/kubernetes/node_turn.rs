@@ -1,0 +1,104 @@
+//! A node's turn on its slice pools (`node_slice_size`). Only the node's own
+//! calls write a pool of one of its slices, so they can take turns through a
+//! lock on the node itself (`flock`, no API request) instead of racing in the
+//! apiserver and queueing on Lease tickets (`turn.rs`). The lock file also
+//! carries the `resourceVersion` the last holder left the pool at: the next
+//! holder reads the pool from the watch cache once the cache has seen that
+//! version (`resourceVersionMatch=NotOlderThan`), so it never plans on a read
+//! older than its predecessor's write.
+//!
+//! Never what safety rests on: the entry tests of every write stay, and a call
+//! that cannot take the lock (no `/run/thereabouts`, another namespace's
+//! permissions) goes on as every call did before.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::datastore::PoolId;
+use crate::datastore::flock;
+use crate::logging;
+
+/// Where the locks live: a tmpfs the plugin (root, on the node) may write,
+/// empty after a reboot, as the versions it holds are then stale anyway.
+pub const LOCK_DIR: &str = "/run/thereabouts/slice-turns";
+
+/// The locks of a call's node-local pools, held until dropped.
+pub struct NodeTurn {
+    /// (pool name, its lock file), in name order.
+    locks: Vec<(String, File)>,
+}
+
+impl NodeTurn {
+    /// Takes the lock of every pool (in name order, so two calls never wait
+    /// on each other crosswise) by `deadline`; `None` when one cannot be had.
+    pub fn take(namespace: &str, pools: &[PoolId], deadline: Instant) -> Option<NodeTurn> {
+        Self::take_in(PathBuf::from(LOCK_DIR), namespace, pools, deadline)
+    }
+
+    fn take_in(dir: PathBuf, namespace: &str, pools: &[PoolId], deadline: Instant) -> Option<NodeTurn> {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            logging::debug(format!("node turn: cannot use {}: {e}; going on without", dir.display()));
+            return None;
+        }
+        let mut names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut locks = Vec::with_capacity(names.len());
+        for name in names {
+            match flock::lock(dir.join(format!("{namespace}_{name}.lock")), &format!("the node's turn on IPPool {namespace}/{name}"), deadline) {
+                Ok(file) => locks.push((name.to_string(), file)),
+                Err(e) => {
+                    logging::debug(format!("node turn: {e}; going on without"));
+                    return None;
+                }
+            }
+        }
+        Some(NodeTurn { locks })
+    }
+
+    /// The `resourceVersion` the last holder left `pool` at, if it said.
+    pub fn last_version(&self, pool: &str) -> Option<String> {
+        let (_, file) = self.locks.iter().find(|(name, _)| name == pool)?;
+        let mut text = String::new();
+        let mut reader: &File = file;
+        reader.seek(SeekFrom::Start(0)).ok()?;
+        reader.read_to_string(&mut text).ok()?;
+        let version = text.trim();
+        (!version.is_empty() && version.bytes().all(|b| b.is_ascii_digit())).then(|| version.to_string())
+    }
+
+    /// Leaves `version` for the next holder of `pool` (best effort).
+    pub fn record(&self, pool: &str, version: &str) {
+        let Some((_, file)) = self.locks.iter().find(|(name, _)| name == pool) else { return };
+        let mut writer: &File = file;
+        let written = file.set_len(0).and_then(|()| writer.seek(SeekFrom::Start(0))).and_then(|_| writer.write_all(version.as_bytes()));
+        if let Err(e) = written {
+            logging::debug(format!("node turn: cannot record version {version} of pool {pool}: {e}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(name: &str) -> PoolId {
+        PoolId { name: name.into(), cidr: "192.0.2.0/26".into(), node_local: true }
+    }
+
+    #[test]
+    fn a_turn_is_one_holder_at_a_time_and_passes_the_version_on() {
+        let dir = std::env::temp_dir().join(format!("thereabouts-node-turn-{}", std::process::id()));
+        let soon = || Instant::now() + std::time::Duration::from_millis(200);
+        let first = NodeTurn::take_in(dir.clone(), "ns", &[pool("b"), pool("a")], soon()).unwrap();
+        assert_eq!(first.last_version("a"), None);
+        first.record("a", "41");
+        assert!(NodeTurn::take_in(dir.clone(), "ns", &[pool("a")], soon()).is_none(), "held");
+        drop(first);
+        let next = NodeTurn::take_in(dir.clone(), "ns", &[pool("a")], soon()).unwrap();
+        assert_eq!(next.last_version("a").as_deref(), Some("41"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
