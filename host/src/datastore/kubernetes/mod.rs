@@ -127,6 +127,13 @@ impl KubernetesStore {
         &self.namespace
     }
 
+    /// The apiserver and namespace as a file-name part: what a node's turn
+    /// locks (`node_turn.rs`) are scoped to.
+    fn lock_scope(&self) -> String {
+        let server: String = self.server.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect();
+        format!("{server}_{}", self.namespace)
+    }
+
     /// API requests sent so far.
     pub fn requests(&self) -> u32 {
         self.requests.load(Ordering::Relaxed)

@@ -33,11 +33,13 @@ pub struct NodeTurn {
 impl NodeTurn {
     /// Takes the lock of every pool (in name order, so two calls never wait
     /// on each other crosswise) by `deadline`; `None` when one cannot be had.
-    pub fn take(namespace: &str, pools: &[PoolId], deadline: Instant) -> Option<NodeTurn> {
-        Self::take_in(PathBuf::from(LOCK_DIR), namespace, pools, deadline)
+    /// `scope` names the apiserver and the namespace: a version is only
+    /// meaningful to the cluster that gave it.
+    pub fn take(scope: &str, pools: &[PoolId], deadline: Instant) -> Option<NodeTurn> {
+        Self::take_in(PathBuf::from(LOCK_DIR), scope, pools, deadline)
     }
 
-    fn take_in(dir: PathBuf, namespace: &str, pools: &[PoolId], deadline: Instant) -> Option<NodeTurn> {
+    fn take_in(dir: PathBuf, scope: &str, pools: &[PoolId], deadline: Instant) -> Option<NodeTurn> {
         if let Err(e) = std::fs::create_dir_all(&dir) {
             logging::debug(format!("node turn: cannot use {}: {e}; going on without", dir.display()));
             return None;
@@ -47,7 +49,7 @@ impl NodeTurn {
         names.dedup();
         let mut locks = Vec::with_capacity(names.len());
         for name in names {
-            match flock::lock(dir.join(format!("{namespace}_{name}.lock")), &format!("the node's turn on IPPool {namespace}/{name}"), deadline) {
+            match flock::lock(dir.join(format!("{scope}_{name}.lock")), &format!("the node's turn on IPPool {name} ({scope})"), deadline) {
                 Ok(file) => locks.push((name.to_string(), file)),
                 Err(e) => {
                     logging::debug(format!("node turn: {e}; going on without"));

@@ -571,7 +571,7 @@ fn a_nodes_calls_on_its_slice_pools_take_turns_on_the_node_and_read_what_the_las
     let p = PoolId { node_local: true, ..pool("192.0.2.0/26") };
     let written = Answer::Ok(json!({"metadata": {"resourceVersion": "77"}}));
     let script = vec![listed(&p, "10", "12", json!({})), created("u1"), written, listed(&p, "77", "78", json!({"1": entry("c1", "a")}))];
-    let (s, log, _) = store(&ns, script);
+    let (s, log, script) = store(&ns, script);
     let mut first = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
     assert!(first.serialized(), "the node's turn from the start");
     first.load().unwrap();
@@ -585,6 +585,12 @@ fn a_nodes_calls_on_its_slice_pools_take_turns_on_the_node_and_read_what_the_las
     assert!(log.body(2).as_array().unwrap().iter().all(|op| op["path"] != "/metadata/resourceVersion"), "{}", log.body(2));
     assert!(lines[3].contains("resourceVersion=77&resourceVersionMatch=NotOlderThan"), "{lines:?}");
     drop(second);
+    // A version this apiserver never gave (its etcd was replaced): read as it is.
+    let mut third = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    script.then(vec![Answer::Status(504, "Timeout", Value::Null), listed(&p, "5", "6", json!({}))]);
+    assert_eq!(third.load().unwrap()[0].version, Version("5".into()));
+    assert!(log.lines()[5].ends_with("resourceVersion=0"), "{:?}", log.lines());
+    drop(third);
     let dir = std::path::Path::new(super::node_turn::LOCK_DIR);
-    let _ = std::fs::remove_file(dir.join(format!("{ns}_{}.lock", p.name)));
+    let _ = std::fs::remove_file(dir.join(format!("{}_{}.lock", s.lock_scope(), p.name)));
 }

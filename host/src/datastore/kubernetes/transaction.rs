@@ -108,7 +108,7 @@ pub(super) fn begin<'s>(store: &'s KubernetesStore, pools: &[PoolId], purpose: P
     };
     // Only this node writes its slice pools: its calls take turns on the node.
     let node_local = !pools.is_empty() && pools.iter().all(|p| p.node_local) && purpose != Purpose::Read;
-    let turn = match node_local.then(|| NodeTurn::take(&store.namespace, pools, deadline)).flatten() {
+    let turn = match node_local.then(|| NodeTurn::take(&store.lock_scope(), pools, deadline)).flatten() {
         Some(held) => TurnState::Node(held),
         None => TurnState::NotYet,
     };
@@ -473,6 +473,11 @@ impl KubeTransaction<'_> {
         Request { method: Method::GET, path, body: None, action: format!("reading IPPool {}/{}", self.store.namespace, pool.name) }
     }
 
+    /// Whether the read of `pool` asks for the version the node's last holder left.
+    fn hinted(&self, pool: &PoolId) -> bool {
+        matches!(&self.turn, TurnState::Node(turn) if turn.last_version(&pool.name).is_some())
+    }
+
     /// The pool in the answer to [`Self::pool_read_request`]. While the watch
     /// cache is not ready (after the apiserver or the CRD started) the LIST
     /// answers 429: then one GET of the object instead, without a revision.
@@ -487,6 +492,20 @@ impl KubeTransaction<'_> {
                     Some(object) => object.clone(),
                     None => return Ok(None),
                 }
+            }
+            // The version the node's last holder left is newer than anything this
+            // apiserver has (its etcd was restored or replaced): read as it is.
+            Reply::Status(s) if s.code == 504 && self.hinted(pool) => {
+                logging::verbose(format!(
+                    "IPPool {}: the version left on this node is unknown to the apiserver ({}); reading the cache as it is",
+                    pool.name, s.message
+                ));
+                if let TurnState::Node(turn) = &self.turn {
+                    turn.record(&pool.name, "");
+                }
+                let plain = self.pool_read_request(pool);
+                let reply = self.store.call_one(&plain, self.deadline, REQUEST_TIMEOUT, 0)?;
+                return self.pool_from_reply(pool, reply);
             }
             Reply::Status(s) if s.code == 429 => {
                 self.read_revisions.remove(&pool.name);
