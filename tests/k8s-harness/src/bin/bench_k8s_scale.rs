@@ -1,7 +1,7 @@
 //! Node slices at scale: 20 000 pods over 100 simulated nodes on one real
 //! kube-apiserver, added in batches, a dual-stack config of a /15 and a /64
 //! (198.18.0.0/15, the benchmarking network of RFC 2544, in /24 slices, and
-//! 2001:db8:b0::/64 in /76 slices), reservations on. Per batch it prints the
+//! 2001:db8:b0::/64 in /72 slices), reservations on. Per batch it prints the
 //! cost per ADD (wall, plugin CPU, apiserver+etcd CPU, API requests), so
 //! "flat in the pod count" can be read off, and the largest object the
 //! apiserver holds; `--svg FILE` plots the cost per ADD against the pods
@@ -38,10 +38,30 @@ struct Options {
     nodes: usize,
     batch: usize,
     svg: Option<PathBuf>,
+    fills: Vec<Fill>,
+}
+
+/// Which node pod i runs on.
+#[derive(Clone, Copy, PartialEq)]
+enum Fill {
+    /// Node i mod N: every node's pools grow with the cluster.
+    Spread,
+    /// The first pods/N pods on the first node, and so on: nodes fill one after
+    /// another, so what a batch meets does not depend on the pods before it.
+    NodeByNode,
+}
+
+impl Fill {
+    fn name(self) -> &'static str {
+        match self {
+            Fill::Spread => "spread (pod i on node i mod N)",
+            Fill::NodeByNode => "node by node",
+        }
+    }
 }
 
 fn parse_options() -> Result<Options> {
-    let mut o = Options { pods: 20_000, nodes: 100, batch: 500, svg: None };
+    let mut o = Options { pods: 20_000, nodes: 100, batch: 500, svg: None, fills: vec![Fill::Spread, Fill::NodeByNode] };
     let mut args = std::env::args().skip(1);
     while let Some(name) = args.next() {
         let value = args.next().with_context(|| format!("{name} needs a value"))?;
@@ -50,7 +70,17 @@ fn parse_options() -> Result<Options> {
             "--nodes" => o.nodes = value.parse()?,
             "--batch" => o.batch = value.parse()?,
             "--svg" => o.svg = Some(PathBuf::from(value)),
-            _ => bail!("unknown option {name}: --pods N --nodes N --batch N --svg FILE"),
+            "--fill" => {
+                o.fills = value
+                    .split(',')
+                    .map(|f| match f {
+                        "spread" => Ok(Fill::Spread),
+                        "node" => Ok(Fill::NodeByNode),
+                        other => Err(anyhow::anyhow!("--fill {other}: spread or node")),
+                    })
+                    .collect::<Result<_>>()?
+            }
+            _ => bail!("unknown option {name}: --pods N --nodes N --batch N --fill spread,node --svg FILE"),
         }
     }
     if o.nodes == 0 || o.batch == 0 || o.pods / o.nodes > 250 {
@@ -93,13 +123,22 @@ fn largest(objects: &Objects) -> Result<(usize, usize)> {
     Ok((size(objects.list(IPPOOLS)?), size(objects.list("nodeslicepools")?)))
 }
 
-fn main() -> Result<()> {
-    let o = parse_options()?;
+/// One fill's batches on a fresh control plane.
+struct Run {
+    fill: Fill,
+    points: Vec<Point>,
+    failed: usize,
+    addresses: usize,
+    pool_bytes: usize,
+    slice_pool_bytes: usize,
+}
+
+fn run(o: &Options, fill: Fill) -> Result<Run> {
     let cluster = Cluster::prepared_with(false).context("starting the control plane")?;
     let work = TempDir::new("scale");
     let mut conf = kubernetes_conf("scale", &cluster.plugin_kubeconfig(), None, &RANGES);
     conf["ipam"]["node_slice_size"] = json!("/24");
-    conf["ipam"]["ipRanges"][1]["node_slice_size"] = json!("/76");
+    conf["ipam"]["ipRanges"][1]["node_slice_size"] = json!("/72");
     let kubeconfig = block_on(controller::install(&cluster))?;
     let _controller = Controller::start_with(&thereabouts_bin(), &kubeconfig, 150, 30, &work.path().join("controller.log"))?;
     let node = |i: usize| format!("node-{i:03}");
@@ -109,7 +148,7 @@ fn main() -> Result<()> {
     block_on(controller::create_nad(&cluster, "scale", &conf))?;
     let objects = Objects::admin(&cluster)?;
     let end = std::time::Instant::now() + Duration::from_secs(120);
-    while !objects.list("nodeslicepools")?.values().all(|p| {
+    let laid_out = |p: &Value| {
         p.pointer("/status/allocations")
             .and_then(Value::as_array)
             .into_iter()
@@ -117,8 +156,12 @@ fn main() -> Result<()> {
             .filter(|a| a["nodeName"].as_str().is_some_and(|n| !n.is_empty()))
             .count()
             == o.nodes
-    }) || objects.list("nodeslicepools")?.len() < 2
-    {
+    };
+    loop {
+        let pools = objects.list("nodeslicepools")?;
+        if pools.len() == 2 && pools.values().all(laid_out) {
+            break;
+        }
         if std::time::Instant::now() > end {
             bail!("the controller never laid out both NodeSlicePools for {} nodes", o.nodes);
         }
@@ -134,18 +177,22 @@ fn main() -> Result<()> {
     let server_cpu = || cluster.pids().into_iter().map(process_cpu).sum::<Duration>();
     let bin = thereabouts_bin();
     let runner = Runner { bin: &bin, net: &net, scrape: &scrape, server_cpu: &server_cpu };
+    let per_node = o.pods.div_ceil(o.nodes);
+    let node_of = |i: usize| match fill {
+        Fill::Spread => i % o.nodes,
+        Fill::NodeByNode => i / per_node,
+    };
     let invocation = |i: usize| {
         Invocation::new(Call::pod("ADD", &format!("cid-{i:05}"), &format!("pod-{i:05}")), conf.to_string())
-            .env("NODENAME", &node(i % o.nodes))
+            .env("NODENAME", &node(node_of(i)))
             .watchdog(Duration::from_secs(180))
     };
-
     let mut points = Vec::new();
     let mut seen = BTreeSet::new();
     let mut failed = 0;
     for start in (0..o.pods).step_by(o.batch) {
         let calls: Vec<Invocation> = (start..(start + o.batch).min(o.pods)).map(invocation).collect();
-        let (phase, outcomes) = runner.phase(&format!("pods {start}..{}", start + calls.len()), "ADD", &calls, true);
+        let (phase, outcomes) = runner.phase(&format!("{}: pods {start}..{}", fill.name(), start + calls.len()), "ADD", &calls, true);
         failed += phase.failed;
         for ip in outcomes.iter().filter(|o| o.ok()).flat_map(|o| o.ips()) {
             if !seen.insert(addr_of(&ip)) {
@@ -155,42 +202,50 @@ fn main() -> Result<()> {
         points.push(point(start, &phase));
     }
     let (pool_bytes, slice_pool_bytes) = largest(&objects)?;
+    Ok(Run { fill, points, failed, addresses: seen.len(), pool_bytes, slice_pool_bytes })
+}
 
+fn main() -> Result<()> {
+    let o = parse_options()?;
+    let runs = o.fills.iter().map(|f| run(&o, *f)).collect::<Result<Vec<_>>>()?;
     println!();
-    println!("{} pods over {} nodes in batches of {}, ranges {} in /24 + /76 slices, reservations on; 2 cores", o.pods, o.nodes, o.batch, RANGES.join(" + "));
-    println!();
-    println!("| pods before the batch | wall per ADD | ADD p99 | plugin CPU per ADD | apiserver+etcd CPU per ADD | API requests per ADD |");
-    println!("|---:|---:|---:|---:|---:|---:|");
-    for p in &points {
-        println!("| {} | {:.1} ms | {:.0} ms | {:.1} ms | {:.1} ms | {:.1} |", p.pods_before, p.wall_ms, p.p99_ms, p.plugin_ms, p.server_ms, p.requests);
+    println!("{} pods over {} nodes in batches of {}, ranges {} in /24 + /72 slices, reservations on; 2 cores", o.pods, o.nodes, o.batch, RANGES.join(" + "));
+    for r in &runs {
+        println!();
+        println!("**{}**", r.fill.name());
+        println!();
+        println!("| pods before the batch | wall per ADD | ADD p99 | plugin CPU per ADD | apiserver+etcd CPU per ADD | API requests per ADD |");
+        println!("|---:|---:|---:|---:|---:|---:|");
+        for p in &r.points {
+            println!("| {} | {:.1} ms | {:.0} ms | {:.1} ms | {:.1} ms | {:.1} |", p.pods_before, p.wall_ms, p.p99_ms, p.plugin_ms, p.server_ms, p.requests);
+        }
+        println!();
+        println!("- ADDs failed: {}; addresses handed out: {} (none twice)", r.failed, r.addresses);
+        println!("- largest IPPool: {} bytes; largest NodeSlicePool: {} bytes; bound {OBJECT_BOUND} bytes", r.pool_bytes, r.slice_pool_bytes);
     }
-    println!();
-    println!("- ADDs failed: {failed}; addresses handed out: {} (none twice)", seen.len());
-    println!("- largest IPPool: {pool_bytes} bytes; largest NodeSlicePool: {slice_pool_bytes} bytes; bound {OBJECT_BOUND} bytes");
     if let Some(path) = &o.svg {
-        std::fs::write(path, svg(&points, o.pods)).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, svg(&runs, o.pods)).with_context(|| format!("writing {}", path.display()))?;
         println!("- plot: {}", path.display());
     }
-    if failed > 0 || pool_bytes.max(slice_pool_bytes) > OBJECT_BOUND {
-        bail!("{failed} ADDs failed, or an object is over {OBJECT_BOUND} bytes");
+    let bad = runs.iter().filter(|r| r.failed > 0 || r.pool_bytes.max(r.slice_pool_bytes) > OBJECT_BOUND).count();
+    if bad > 0 {
+        bail!("{bad} run(s) failed ADDs, or held an object over {OBJECT_BOUND} bytes");
     }
     Ok(())
 }
 
-/// One line of the plot: its label, its colour, its value per batch.
-type Series = (&'static str, &'static str, fn(&Point) -> f64);
-
-/// A line plot of the CPU per ADD (plugin, apiserver+etcd) against the pods
-/// already allocated, as plain SVG.
-fn svg(points: &[Point], pods: usize) -> String {
+/// A line plot of the plugin + apiserver + etcd CPU per ADD against the pods
+/// already allocated, one line per fill, as plain SVG.
+fn svg(runs: &[Run], pods: usize) -> String {
     let (w, h, left, bottom, top, right) = (720.0, 360.0, 60.0, 40.0, 30.0, 20.0);
-    let y_max = points.iter().map(|p| p.plugin_ms + p.server_ms).fold(1.0f64, f64::max) * 1.2;
+    let total = |p: &Point| p.plugin_ms + p.server_ms;
+    let y_max = runs.iter().flat_map(|r| r.points.iter().map(total)).fold(1.0f64, f64::max) * 1.2;
     let x = |pods_before: usize| left + (pods_before as f64 / pods.max(1) as f64) * (w - left - right);
     let y = |v: f64| h - bottom - v / y_max * (h - bottom - top);
     let mut out = String::new();
     let _ = write!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#);
     let _ = write!(out, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let _ = write!(out, r#"<text x="{left}" y="18">CPU per ADD while {pods} pods are added over the nodes' slices (ms)</text>"#);
+    let _ = write!(out, r#"<text x="{left}" y="18">plugin + apiserver + etcd CPU per ADD (ms), {pods} pods added in batches over the nodes' slices</text>"#);
     let _ = write!(out, r#"<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, h - bottom, w - right, h - bottom);
     let _ = write!(out, r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{}" stroke="black"/>"#, h - bottom);
     for i in 0..=4 {
@@ -200,16 +255,10 @@ fn svg(points: &[Point], pods: usize) -> String {
         let _ = write!(out, r#"<text x="{}" y="{}" text-anchor="middle">{tick}</text>"#, x(tick), h - bottom + 16.0);
     }
     let _ = write!(out, r#"<text x="{}" y="{}" text-anchor="middle">pods allocated before the batch</text>"#, (w + left) / 2.0, h - 6.0);
-    let series: [Series; 3] = [
-        ("plugin + apiserver + etcd", "#c0392b", |p| p.plugin_ms + p.server_ms),
-        ("apiserver + etcd", "#2874a6", |p| p.server_ms),
-        ("plugin", "#239b56", |p| p.plugin_ms),
-    ];
-    for (k, (name, colour, value)) in series.iter().enumerate() {
-        let path: Vec<String> = points.iter().map(|p| format!("{:.1},{:.1}", x(p.pods_before), y(value(p)))).collect();
+    for (k, (run, colour)) in runs.iter().zip(["#c0392b", "#2874a6", "#239b56"]).enumerate() {
+        let path: Vec<String> = run.points.iter().map(|p| format!("{:.1},{:.1}", x(p.pods_before), y(total(p)))).collect();
         let _ = write!(out, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, path.join(" "));
-        let ly = top + 14.0 * k as f64;
-        let _ = write!(out, r#"<text x="{}" y="{}" fill="{colour}">{name}</text>"#, w - right - 180.0, ly + 10.0);
+        let _ = write!(out, r#"<text x="{}" y="{}" fill="{colour}">{}</text>"#, left + 12.0, top + 14.0 * (k as f64 + 1.0), run.fill.name());
     }
     out.push_str("</svg>\n");
     out
