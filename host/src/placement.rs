@@ -58,10 +58,16 @@ impl Placement {
                 choices.push(vec![range.clone()]);
                 continue;
             };
-            let mut slices = store.node_slices(&slicing.slice_pool, &node, false, deadline)?;
+            let read = |fresh| match store.node_slices(&slicing.slice_pool, &node, fresh, deadline) {
+                // No NodeSlicePool: nothing of this range is on this node. A DEL
+                // (or CHECK) then has nothing to free there; an ADD fails below.
+                Err(DatastoreError::NoSlice { .. }) if claims == Claims::None => Ok(Vec::new()),
+                other => other,
+            };
+            let mut slices = read(false)?;
             if slices.is_empty() {
                 // The cache may not have seen the controller's assignment yet.
-                slices = store.node_slices(&slicing.slice_pool, &node, true, deadline)?;
+                slices = read(true)?;
             }
             let mut ranges = Vec::with_capacity(slices.len());
             for slice in &slices {

@@ -118,6 +118,12 @@ fn each_node_allocates_from_its_own_slices_in_both_families_and_claims_another_w
     }
     assert_eq!(entries_left(&objects), 0);
     assert!(objects.list(RESERVATIONS).unwrap().is_empty());
+    // A network no NodeSlicePool was laid out for: an ADD waits for one (code 11),
+    // a DEL has nothing to free and succeeds.
+    let unknown = sliced_conf(&cluster, "nowhere", V4);
+    let refused = on_node("ADD", &unknown, "node-a", "u0").run(&thereabouts_bin());
+    assert!(refused.stdout.contains("\"code\": 11") && refused.stdout.contains("NodeSlicePool"), "{}", refused.stdout);
+    on_node("DEL", &unknown, "node-a", "u0").run(&thereabouts_bin()).expect_ok("DEL without a NodeSlicePool");
     wait_until("node-a is back to one slice and none is cooling", Duration::from_secs(30), || {
         let pool = objects.get(SLICE_POOLS, v4_pool).unwrap().unwrap();
         every_node_holds_one(&objects, v4_pool, &["node-a", "node-b"]) && pool["metadata"]["annotations"].get("thereabouts.io/cooling-slices").is_none()
