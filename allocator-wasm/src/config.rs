@@ -123,12 +123,6 @@ fn is_valid_network_name(name: &str) -> bool {
     bytes.next().is_some_and(|b| b.is_ascii_alphanumeric()) && bytes.all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
-/// Object names are DNS subdomains: lowercase letters, digits, '-' and '.'.
-fn is_valid_object_name_part(name: &str) -> bool {
-    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    name.len() <= 200 && name.bytes().next().is_some_and(ok) && name.bytes().last().is_some_and(ok) && name.bytes().all(|b| ok(b) || b == b'-' || b == b'.')
-}
-
 /// Search order for the flat file. See `flat-file-paths` in the WIT.
 pub fn flat_file_paths(network_config: &str) -> Result<Vec<String>> {
     let doc = parse_document(network_config, "network config")?;
@@ -354,7 +348,7 @@ fn slice_ranges(ipam: &Map<String, Value>, specs: &[RangeSpec], ranges: &mut [No
             (_, Some(top)) => (top, if spec.path == "ipam" { "ipam.node_slice_size".to_string() } else { format!("{}.node_slice_size", spec.path) }),
             _ => continue,
         };
-        if !is_valid_object_name_part(base) {
+        if !crate::naming::is_object_name_part(base) {
             return Err(ConfigError::invalid(
                 field,
                 format!(
@@ -400,7 +394,7 @@ pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) 
     let ipam = merge_flat_file(net.ipam, flat.as_ref());
 
     let network_name = gojson::string(&ipam, "network_name", "ipam.network_name")?.unwrap_or_default();
-    if !network_name.is_empty() && !is_valid_object_name_part(&network_name) {
+    if !network_name.is_empty() && !crate::naming::is_object_name_part(&network_name) {
         return Err(ConfigError::invalid(
             "ipam.network_name",
             format!("invalid network_name {network_name:?}: use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"),

@@ -22,6 +22,19 @@ pub fn pool_name_for_network(canonical_cidr: &str, network_name: &str) -> String
     with_network_prefix(normalized, network_name)
 }
 
+/// whereabouts' per-node pool of a node slice: `<node>-<slice as in a pool
+/// name>`, prefixed with `<network_name>-` when set. `slice` is canonical.
+pub fn node_pool_name(slice: &str, node: &str, network_name: &str) -> String {
+    with_network_prefix(pool_name_for_network(slice, node), network_name)
+}
+
+/// Whether `name` may be (part of) an object name, a DNS subdomain: lowercase
+/// letters, digits, '-' and '.', starting and ending with a letter or digit.
+pub fn is_object_name_part(name: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    name.len() <= 200 && name.bytes().next().is_some_and(ok) && name.bytes().last().is_some_and(ok) && name.bytes().all(|b| ok(b) || b == b'-' || b == b'.')
+}
+
 /// `OverlappingRangeIPReservation` name for an address: canonical text, a `0`
 /// appended when it ends with `:`, then `:` turned to `-`, prefixed with
 /// `<network_name>-` when set.

@@ -87,7 +87,7 @@ pub fn in_slice(range: &NormalizedRange, network_name: &str, node: &str, slice: 
     if cidr.family() != range.family || cidr.prefix != slicing.prefix_len || !range.network_contains(range.family, cidr.network()) {
         return Err(ConfigError::invalid("slice", format!("{slice} is not a /{} slice of {}", slicing.prefix_len, range.cidr)));
     }
-    if !valid_node_name(node) {
+    if !naming::is_object_name_part(node) {
         return Err(ConfigError::invalid(
             "node",
             format!(
@@ -105,7 +105,7 @@ pub fn in_slice(range: &NormalizedRange, network_name: &str, node: &str, slice: 
     let span = last - first + 1;
     let canonical = Cidr { ip: cidr.ip, prefix: cidr.prefix }.network_text();
     Ok(NormalizedRange {
-        pool_name: naming::pool_name_for_network(&canonical, &format!("{}{node}", network_prefix_of(network_name))),
+        pool_name: naming::node_pool_name(&canonical, node, network_name),
         cidr: canonical,
         prefix_len: range.prefix_len,
         network_prefix: cidr.prefix,
@@ -129,11 +129,6 @@ fn sliced(range: &NormalizedRange) -> Result<&NodeSlicing> {
     range.node_slicing.as_ref().ok_or_else(|| ConfigError::invalid("range", format!("range {} has no node_slice_size", range.cidr)))
 }
 
-/// `<network_name>-`, or nothing.
-fn network_prefix_of(network_name: &str) -> String {
-    if network_name.is_empty() { String::new() } else { format!("{network_name}-") }
-}
-
 /// The range's excluded intervals (offsets from `from`) that meet [first, last],
 /// as offsets from `to`.
 fn clip(excluded: &[(u128, u128)], from: u128, to: u128, first: u128, last: u128) -> Vec<(u128, u128)> {
@@ -144,15 +139,6 @@ fn clip(excluded: &[(u128, u128)], from: u128, to: u128, first: u128, last: u128
             (lo <= hi).then(|| (lo - to, hi - to))
         })
         .collect()
-}
-
-/// Node names are DNS subdomains (lowercase letters, digits, '-' and '.').
-fn valid_node_name(name: &str) -> bool {
-    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    (1..=200).contains(&name.len())
-        && name.bytes().next().is_some_and(ok)
-        && name.bytes().last().is_some_and(ok)
-        && name.bytes().all(|b| ok(b) || b == b'-' || b == b'.')
 }
 
 #[cfg(test)]

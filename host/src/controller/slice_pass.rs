@@ -214,8 +214,7 @@ impl Usage {
         for (node, slice) in held.filter(|(n, _)| !n.is_empty()) {
             // whereabouts' per-node pool name, for this slice of any layout.
             let Some(cidr) = super::canonical_cidr(&slice) else { continue };
-            let scope = if w.network_name.is_empty() { node.clone() } else { format!("{}-{node}", w.network_name) };
-            let pool = thereabouts_allocator::naming::pool_name_for_network(&cidr, &scope);
+            let pool = thereabouts_allocator::naming::node_pool_name(&cidr, &node, &w.network_name);
             entries.insert((node, slice), pools.get(&pool).copied().unwrap_or(0));
         }
         Usage { entries, capacity }
