@@ -557,9 +557,12 @@ mod tests {
         assert_eq!((updates[1].pool.name.as_str(), updates[1].expected.clone()), ("a", Version::absent()));
     }
 
-    /// A store whose commits answer from a script; counts the transactions ended.
+    /// A store whose loads show `pool` and whose commits answer from a
+    /// script; it records the commits and counts the transactions ended.
     struct Scripted {
+        pool: Pool,
         answers: RefCell<Vec<Result<Outcome, DatastoreError>>>,
+        committed: RefCell<Vec<PoolUpdate>>,
         ended: Cell<u32>,
     }
 
@@ -567,9 +570,10 @@ mod tests {
 
     impl Transaction for ScriptedTx<'_> {
         fn load(&mut self) -> Result<Vec<Pool>, DatastoreError> {
-            Ok(vec![Pool::default()])
+            Ok(vec![self.0.pool.clone()])
         }
-        fn commit(&mut self, _updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
+        fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
+            self.0.committed.borrow_mut().extend_from_slice(updates);
             self.0.answers.borrow_mut().remove(0)
         }
     }
@@ -596,7 +600,7 @@ mod tests {
     }
 
     fn scripted(answers: Vec<Result<Outcome, DatastoreError>>) -> Scripted {
-        Scripted { answers: RefCell::new(answers), ended: Cell::new(0) }
+        Scripted { pool: Pool::default(), answers: RefCell::new(answers), committed: RefCell::new(Vec::new()), ended: Cell::new(0) }
     }
 
     fn one_update() -> Vec<PoolUpdate> {
@@ -632,39 +636,6 @@ mod tests {
         assert_eq!(store.ended.get(), 1);
     }
 
-    /// A store that shows one entry of the asking pod and records the commits.
-    struct Holding {
-        committed: RefCell<Vec<PoolUpdate>>,
-    }
-
-    struct HoldingTx<'a>(&'a Holding);
-
-    impl Transaction for HoldingTx<'_> {
-        fn load(&mut self) -> Result<Vec<Pool>, DatastoreError> {
-            let entry = Allocation { offset: 5, container_id: "c1".into(), pod_ref: "default/p".into(), ifname: "eth0".into() };
-            Ok(vec![Pool { version: Version("3".into()), entries: vec![entry], ..Pool::default() }])
-        }
-        fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
-            self.0.committed.borrow_mut().extend_from_slice(updates);
-            Ok(Outcome::Committed)
-        }
-    }
-
-    impl Datastore for Holding {
-        fn describe(&self) -> String {
-            "holding".into()
-        }
-        fn capabilities(&self) -> crate::datastore::Capabilities {
-            crate::datastore::Capabilities::NODE_LOCAL
-        }
-        fn check_usable(&self, _deadline: Instant) -> Result<(), DatastoreError> {
-            Ok(())
-        }
-        fn begin<'s>(&'s self, _pools: &[PoolId], _purpose: Purpose<'_>, _deadline: Instant) -> Result<Box<dyn Transaction + 's>, DatastoreError> {
-            Ok(Box::new(HoldingTx(self)))
-        }
-    }
-
     /// A retried ADD keeps its entry only if the commit finds it still there: a
     /// read from the apiserver's cache can show an entry removed a moment ago
     /// (the call's own rollback), whose address another pod may hold by now.
@@ -673,7 +644,8 @@ mod tests {
         let mut engine = crate::component::test_engine();
         let stdin = r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","datastore":"file","range":"192.0.2.0/24"}}"#;
         let config = engine.normalize(stdin, None, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p").unwrap().unwrap();
-        let store = Holding { committed: RefCell::new(Vec::new()) };
+        let entry = Allocation { offset: 5, container_id: "c1".into(), pod_ref: "default/p".into(), ifname: "eth0".into() };
+        let store = Scripted { pool: Pool { version: Version("3".into()), entries: vec![entry], ..Pool::default() }, ..scripted(vec![Ok(Outcome::Committed)]) };
         let who = Attachment { container_id: "c1", ifname: "eth0" };
         let out = allocate(&mut engine, &store, &config, &Placement::whole(&config), who, Instant::now() + Duration::from_secs(5)).unwrap();
         assert_eq!(out[0].address, "192.0.2.5/24");

@@ -101,10 +101,10 @@ impl Placement {
         index: usize,
         deadline: Instant,
     ) -> Result<(), IpamError> {
-        let (Some(node), Some(range)) = (self.node.clone(), config.ranges.get(index)) else {
+        let sliced = config.ranges.get(index).and_then(|range| Some((range, range.node_slicing.as_ref()?)));
+        let (Some(node), Some((range, slicing))) = (self.node.clone(), sliced) else {
             return Err(IpamError::EngineAnswer { detail: "claim for a range that is not sliced" });
         };
-        let Some(slicing) = &range.node_slicing else { return Err(IpamError::EngineAnswer { detail: "claim for a range that is not sliced" }) };
         let mut failure = None;
         let mut usable = |slice: &str| match engine.slice_of_range(range, &config.network_name, &node, slice) {
             Ok(Ok(_)) => true,
