@@ -4,16 +4,18 @@
 //! objects with no kubelet behind them), the controller's own identity from
 //! `deploy/controller.yaml`, and the controller as a child process.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::plugin::kubeconfig_variant;
+use crate::plugin::{Objects, kubeconfig_variant};
 use crate::{Cluster, NAMESPACE, deploy_dir};
 
 /// The NetworkAttachmentDefinition kind as multus defines it (its config a string).
@@ -75,6 +77,36 @@ pub async fn create_nad(cluster: &Cluster, name: &str, config: &Value) -> Result
         "metadata": {"name": name, "namespace": "default"}, "spec": {"config": config.to_string()},
     });
     cluster.apply_yaml(&serde_yaml_ng::to_string(&object)?).await.map(|_| ())
+}
+
+pub const NODE_SLICE_POOLS: &str = "nodeslicepools";
+
+/// node → the slices it holds, in the pool's order, of a `NodeSlicePool` object.
+pub fn holders_of(pool: &Value) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for a in pool.pointer("/status/allocations").and_then(Value::as_array).into_iter().flatten() {
+        let node = a["nodeName"].as_str().unwrap_or_default();
+        if !node.is_empty() {
+            out.entry(node.to_string()).or_default().push(a["sliceRange"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    out
+}
+
+/// Waits until at least `pools` NodeSlicePools exist and each gives a slice to
+/// `nodes` nodes.
+pub fn wait_for_layout(objects: &Objects, pools: usize, nodes: usize, limit: Duration) -> Result<()> {
+    let end = Instant::now() + limit;
+    loop {
+        let listed = objects.list(NODE_SLICE_POOLS)?;
+        if listed.len() >= pools.max(1) && listed.values().all(|p| holders_of(p).len() == nodes) {
+            return Ok(());
+        }
+        if Instant::now() > end {
+            bail!("after {limit:?}, not every one of {pools} NodeSlicePool(s) gave a slice to {nodes} nodes: {listed:?}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 /// A Node object with no kubelet behind it.

@@ -22,7 +22,7 @@ use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS, kubernetes
 
 const V4: &str = "192.0.2.0/24";
 const V6: &str = "2001:db8::/64";
-const SLICE_POOLS: &str = "nodeslicepools";
+use thereabouts_k8s_harness::controller::NODE_SLICE_POOLS as SLICE_POOLS;
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
@@ -51,15 +51,7 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 
 /// node → slices held, from the NodeSlicePool `name` (empty when absent).
 fn holders(objects: &Objects, name: &str) -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let pool = objects.get(SLICE_POOLS, name).unwrap().unwrap_or(Value::Null);
-    for a in pool.pointer("/status/allocations").and_then(Value::as_array).into_iter().flatten() {
-        let node = a["nodeName"].as_str().unwrap_or_default();
-        if !node.is_empty() {
-            out.entry(node.to_string()).or_default().push(a["sliceRange"].as_str().unwrap_or_default().to_string());
-        }
-    }
-    out
+    controller::holders_of(&objects.get(SLICE_POOLS, name).unwrap().unwrap_or(Value::Null))
 }
 
 fn every_node_holds_one(objects: &Objects, name: &str, nodes: &[&str]) -> bool {

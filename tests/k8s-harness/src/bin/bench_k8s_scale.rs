@@ -147,26 +147,7 @@ fn run(o: &Options, fill: Fill) -> Result<Run> {
     }
     block_on(controller::create_nad(&cluster, "scale", &conf))?;
     let objects = Objects::admin(&cluster)?;
-    let end = std::time::Instant::now() + Duration::from_secs(120);
-    let laid_out = |p: &Value| {
-        p.pointer("/status/allocations")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|a| a["nodeName"].as_str().is_some_and(|n| !n.is_empty()))
-            .count()
-            == o.nodes
-    };
-    loop {
-        let pools = objects.list("nodeslicepools")?;
-        if pools.len() == 2 && pools.values().all(laid_out) {
-            break;
-        }
-        if std::time::Instant::now() > end {
-            bail!("the controller never laid out both NodeSlicePools for {} nodes", o.nodes);
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    controller::wait_for_layout(&objects, 2, o.nodes, Duration::from_secs(120))?;
 
     let net = Network::new(conf.clone(), &RANGES, "scale");
     let metrics = Metrics::admin(&cluster)?;

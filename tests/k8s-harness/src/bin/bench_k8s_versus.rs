@@ -295,30 +295,10 @@ fn lay_out_slices(plugin: Plugin, cluster: &Cluster, conf: &Value, options: &Opt
         block_on(controller::add_node(cluster, &node_name(i)))?;
     }
     block_on(controller::create_nad(cluster, "versus", conf))?;
-    let objects = Objects::admin(cluster)?;
-    let end = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let pools = objects.list("nodeslicepools")?;
-        let assigned = |p: &Value| {
-            let held: BTreeSet<&str> = p
-                .pointer("/status/allocations")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|a| a["nodeName"].as_str())
-                .filter(|n| !n.is_empty())
-                .collect();
-            held.len()
-        };
-        if !pools.is_empty() && pools.values().all(|p| assigned(p) == options.nodes) {
-            eprintln!("bench: {} NodeSlicePool(s) laid out for {} nodes", pools.len(), options.nodes);
-            return Ok(control);
-        }
-        if std::time::Instant::now() > end {
-            bail!("{}: the NodeSlicePools never gave every node a slice (controller log {})", plugin.name(), log.display());
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    controller::wait_for_layout(&Objects::admin(cluster)?, 1, options.nodes, Duration::from_secs(120))
+        .with_context(|| format!("{} (controller log {})", plugin.name(), log.display()))?;
+    eprintln!("bench: NodeSlicePools laid out for {} nodes", options.nodes);
+    Ok(control)
 }
 
 fn per(value: Duration, calls: usize) -> String {
