@@ -55,8 +55,9 @@ pub enum CliCommand {
         #[arg(long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Run the cluster controller: lays out node slices (NodeSlicePools) for
-    /// every NetworkAttachmentDefinition with node_slice_size; leader-elected
+    /// Run the cluster controller (leader-elected): gives back the addresses of
+    /// pods that are gone, and lays out node slices (NodeSlicePools) for every
+    /// NetworkAttachmentDefinition with node_slice_size
     Controller {
         /// kubeconfig file (default: the in-cluster configuration)
         #[arg(long, value_name = "FILE")]
@@ -77,7 +78,17 @@ pub enum CliCommand {
         /// must exceed the plugin's longest call (its ADD budget, 120 s)
         #[arg(long, default_value_t = 150)]
         cool_down_seconds: u64,
-        /// One pass without leader election, then exit
+        /// Seconds between full reconcile passes (a pod's delete frees its
+        /// addresses at once; full passes catch what no event told)
+        #[arg(long, default_value_t = 300)]
+        reconcile_interval_seconds: u64,
+        /// Seconds a completed (Succeeded or Failed) pod keeps its addresses
+        #[arg(long, default_value_t = 60)]
+        completed_grace_seconds: u64,
+        /// Where /metrics, /healthz and /readyz are served ("" for nowhere)
+        #[arg(long, default_value = crate::controller::http::DEFAULT_ADDRESS)]
+        metrics_address: String,
+        /// One pass of each loop without leader election, then exit
         #[arg(long)]
         once: bool,
         /// error, verbose or debug (to stderr)
@@ -101,7 +112,19 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         CliCommand::Preview { config, pods, output, from_datastore } => preview(&config, pods, output, from_datastore),
         CliCommand::Pools { config, output } => pools(&config, output),
-        CliCommand::Controller { kubeconfig, namespace, identity, lease_seconds, resync_seconds, cool_down_seconds, once, log_level } => {
+        CliCommand::Controller {
+            kubeconfig,
+            namespace,
+            identity,
+            lease_seconds,
+            resync_seconds,
+            cool_down_seconds,
+            reconcile_interval_seconds,
+            completed_grace_seconds,
+            metrics_address,
+            once,
+            log_level,
+        } => {
             crate::logging::configure(Some(&log_level), None);
             let identity = identity.unwrap_or_else(|| crate::node_name::discover(None).unwrap_or_else(|_| "thereabouts-controller".into()));
             crate::controller::run(crate::controller::Options {
@@ -111,6 +134,9 @@ pub fn run(cli: Cli) -> Result<()> {
                 lease_seconds,
                 resync: std::time::Duration::from_secs(resync_seconds),
                 cool_down: std::time::Duration::from_secs(cool_down_seconds),
+                reconcile_interval: std::time::Duration::from_secs(reconcile_interval_seconds),
+                completed_grace: std::time::Duration::from_secs(completed_grace_seconds),
+                metrics_address,
                 once,
             })
         }

@@ -2,21 +2,41 @@
 //! cluster, kept out of the CNI binary's per-call path (the plugin never runs
 //! any of this). It runs as a Deployment of two replicas; one works at a time,
 //! chosen by leader election on the Lease `thereabouts-controller`
-//! (kube-lease-manager). Today it lays out node slices (`slice_pass.rs`): a
-//! pass on start, on every change of a Node, a NetworkAttachmentDefinition or
-//! a NodeSlicePool, and every `--resync`.
+//! (kube-lease-manager). Two loops, one task:
+//! - node slices (`slice_pass.rs`): a pass on start, on every change of a
+//!   Node, a NetworkAttachmentDefinition or a NodeSlicePool, and every `--resync`;
+//! - the reconciler (`reconcile.rs`), which gives back the addresses of pods
+//!   that are gone: a pass over a pod's entries on its delete event, and a
+//!   full pass on start, after a pod watch re-list, and every
+//!   `--reconcile-interval`.
+//!
+//! `/metrics`, `/healthz` and `/readyz` are served on `--metrics-address`.
 
+mod api;
+mod held;
+pub mod http;
+mod kube_store;
 mod layout;
+mod lease_guard;
+pub mod metrics;
+mod pod_source;
+mod pods;
+pub mod reconcile;
 mod slice_pass;
+mod verdict;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use futures_util::StreamExt;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api as KubeApi, DynamicObject};
+use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube_lease_manager::LeaseManagerBuilder;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::datastore::kubernetes::kubeconfig;
 pub use slice_pass::{NAD_RESOURCE, NODE_SLICE_POOL_RESOURCE};
@@ -36,9 +56,19 @@ pub struct Options {
     /// longer than any plugin call that read the old table can run (the
     /// plugin's ADD budget, 120 s, by default).
     pub cool_down: Duration,
-    /// One pass, without leader election, then exit (for scripts and tests).
+    /// Time between full reconcile passes.
+    pub reconcile_interval: Duration,
+    /// How long a completed pod keeps its addresses.
+    pub completed_grace: Duration,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; none when empty.
+    pub metrics_address: String,
+    /// One pass of each loop, without leader election, then exit (for scripts and tests).
     pub once: bool,
 }
+
+/// How long a reservation without its pool entry may be an ADD in flight:
+/// the plugin's ADD budget (120 s) and a margin.
+pub const ADD_BUDGET: Duration = Duration::from_secs(150);
 
 /// `192.0.2.7/24` → `192.0.2.0/24`; `None` when not a CIDR.
 pub fn canonical_cidr(text: &str) -> Option<String> {
@@ -51,26 +81,78 @@ pub fn run(options: Options) -> Result<()> {
     runtime.block_on(serve(options))
 }
 
-async fn client(options: &Options) -> Result<kube::Client> {
-    let config = match &options.kubeconfig {
+/// A client from `--kubeconfig` or the in-cluster configuration. Its
+/// requests carry `thereabouts-controller/<identity>` as user agent, so the
+/// apiserver's audit log tells the replicas apart.
+pub async fn client(kubeconfig_path: Option<&std::path::Path>, identity: &str) -> Result<kube::Client> {
+    let mut config = match kubeconfig_path {
         Some(path) => {
             let (file, _) = kubeconfig::read(path).map_err(|e| anyhow::anyhow!("kubeconfig {}: {e}", path.display()))?;
             kubeconfig::client_config(file).await.map_err(|e| anyhow::anyhow!("kubeconfig {}: {e}", path.display()))?
         }
         None => kube::Config::incluster().context("reading the in-cluster configuration (set --kubeconfig outside a pod)")?,
     };
+    let agent = ::http::HeaderValue::from_str(&format!("thereabouts-controller/{identity}")).context("the identity is no header value")?;
+    config.headers.push((::http::header::USER_AGENT, agent));
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
-async fn serve(options: Options) -> Result<()> {
-    let client = client(&options).await?;
-    let mut pass = slice_pass::SlicePass::new(client.clone(), &options)?;
-    if options.once {
-        return pass.run().await;
+/// The reconciler of the namespace's Kubernetes datastore.
+pub fn reconciler(
+    client: kube::Client,
+    metrics: metrics::Metrics,
+    namespace: &str,
+    identity: &str,
+    guard: lease_guard::WriteGuard,
+    completed_grace: Duration,
+) -> reconcile::Reconciler {
+    let api = api::Api { client, metrics: metrics.clone() };
+    reconcile::Reconciler {
+        store: kube_store::KubeStore { api: api.clone(), namespace: namespace.to_string() },
+        api,
+        metrics,
+        guard,
+        completed_grace,
+        add_budget: ADD_BUDGET,
+        identity: identity.to_string(),
     }
-    let (trigger, mut triggered) = tokio::sync::mpsc::channel::<()>(1);
+}
+
+/// What the pod watch tells the loop.
+enum PodEvent {
+    Deleted(String),
+    /// The watch listed every pod again: deletes in between were not seen.
+    Relisted,
+}
+
+async fn serve(options: Options) -> Result<()> {
+    let client = client(options.kubeconfig.as_deref(), &options.identity).await?;
+    let metrics = metrics::Metrics::new();
+    let health = http::Health::new();
+    if !options.metrics_address.is_empty() {
+        let listener = http::bind(&options.metrics_address).await.with_context(|| format!("listening on {}", options.metrics_address))?;
+        tokio::spawn(http::serve(listener, metrics.clone(), health.clone()));
+    }
+    let mut slices = slice_pass::SlicePass::new(client.clone(), &options)?;
+    let guard = match options.once {
+        true => lease_guard::WriteGuard::Unguarded,
+        false => lease_guard::WriteGuard::Lease {
+            api: api::Api { client: client.clone(), metrics: metrics.clone() },
+            namespace: options.namespace.clone(),
+            identity: options.identity.clone(),
+        },
+    };
+    let reconciler = reconciler(client.clone(), metrics.clone(), &options.namespace, &options.identity, guard, options.completed_grace);
+    if options.once {
+        slices.run().await?;
+        reconciler.pass(&reconcile::Scope::Full, false).await?;
+        return Ok(());
+    }
+    let (trigger, mut triggered) = mpsc::channel::<()>(1);
     spawn_watchers(&client, &options.namespace, trigger);
-    let lease = LeaseManagerBuilder::new(client, "thereabouts-controller")
+    let (pod_events, mut pod_events_rx) = mpsc::unbounded_channel();
+    spawn_pod_watch(&client, pod_events);
+    let lease = LeaseManagerBuilder::new(client, lease_guard::LEASE_NAME)
         .with_namespace(options.namespace.clone())
         .with_identity(options.identity.clone())
         .with_duration(options.lease_seconds)
@@ -79,29 +161,97 @@ async fn serve(options: Options) -> Result<()> {
         .await
         .context("setting up leader election")?;
     let (mut leading, _task) = lease.watch().await;
+    health.set_ready(true);
     loop {
         while !*leading.borrow_and_update() {
-            leading.changed().await.context("leader election stopped")?;
+            tokio::select! {
+                changed = leading.changed() => changed.context("leader election stopped")?,
+                // Not leading: the leader frees them, or this replica's first full pass does.
+                _ = pod_events_rx.recv() => {}
+            }
         }
+        metrics.set_leader(true);
         crate::logging::verbose(format!("controller {}: leading", options.identity));
+        let (mut next_slices, mut next_full) = (Instant::now(), Instant::now());
         while *leading.borrow() {
-            if let Err(e) = pass.run().await {
-                crate::logging::error(format!("controller: node-slice pass failed: {e:#}"));
+            if Instant::now() >= next_slices {
+                if let Err(e) = slices.run().await {
+                    crate::logging::error(format!("controller: node-slice pass failed: {e:#}"));
+                }
+                next_slices = Instant::now() + options.resync;
+            }
+            if Instant::now() >= next_full {
+                run_pass(&reconciler, &reconcile::Scope::Full).await;
+                next_full = Instant::now() + options.reconcile_interval;
             }
             tokio::select! {
-                _ = triggered.recv() => tokio::time::sleep(Duration::from_millis(100)).await,
-                _ = tokio::time::sleep(options.resync) => {}
+                _ = triggered.recv() => {
+                    // Several events in a row make one pass.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    while triggered.try_recv().is_ok() {}
+                    next_slices = Instant::now();
+                }
+                Some(event) = pod_events_rx.recv() => {
+                    match collect_deletes(event, &mut pod_events_rx) {
+                        Some(pods) => run_pass(&reconciler, &reconcile::Scope::Pods(pods)).await,
+                        None => next_full = Instant::now(),
+                    }
+                }
+                _ = tokio::time::sleep_until(next_slices.min(next_full)) => {}
                 changed = leading.changed() => changed.context("leader election stopped")?,
             }
-            // Several events in a row make one pass.
-            while triggered.try_recv().is_ok() {}
         }
+        metrics.set_leader(false);
         crate::logging::verbose(format!("controller {}: no longer leading", options.identity));
     }
 }
 
+async fn run_pass(reconciler: &reconcile::Reconciler, scope: &reconcile::Scope) {
+    if let Err(e) = reconciler.pass(scope, false).await {
+        crate::logging::error(format!("controller: {} reconcile pass failed: {e:#}", scope.kind()));
+    }
+}
+
+/// The deletes already queued with `first`, as one set; `None` when a
+/// re-list among them calls for a full pass.
+fn collect_deletes(first: PodEvent, queued: &mut mpsc::UnboundedReceiver<PodEvent>) -> Option<BTreeSet<String>> {
+    let mut pods = BTreeSet::new();
+    let mut relisted = false;
+    for event in std::iter::once(first).chain(std::iter::from_fn(|| queued.try_recv().ok())) {
+        match event {
+            PodEvent::Deleted(podref) => {
+                pods.insert(podref);
+            }
+            PodEvent::Relisted => relisted = true,
+        }
+    }
+    (!relisted).then_some(pods)
+}
+
+/// Pod deletes, from a metadata-only watch of every pod (a few hundred bytes
+/// a pod instead of whole objects).
+fn spawn_pod_watch(client: &kube::Client, events: mpsc::UnboundedSender<PodEvent>) {
+    let pods: KubeApi<PartialObjectMeta<k8s_openapi::api::core::v1::Pod>> = KubeApi::all(client.clone());
+    let mut listed_once = false;
+    tokio::spawn(watcher(pods, watcher::Config::default()).default_backoff().for_each(move |event| {
+        let sent = match event {
+            Ok(watcher::Event::Delete(pod)) => {
+                let (namespace, name) = (pod.metadata.namespace.unwrap_or_default(), pod.metadata.name.unwrap_or_default());
+                Some(PodEvent::Deleted(format!("{namespace}/{name}")))
+            }
+            // The first list is the start, which runs a full pass anyway.
+            Ok(watcher::Event::InitDone) => std::mem::replace(&mut listed_once, true).then_some(PodEvent::Relisted),
+            _ => None,
+        };
+        if let Some(e) = sent {
+            let _ = events.send(e);
+        }
+        std::future::ready(())
+    }));
+}
+
 /// A watch event's handler: wake the loop (a pending wake-up is enough).
-fn wake<T>(trigger: tokio::sync::mpsc::Sender<()>) -> impl FnMut(T) -> std::future::Ready<()> {
+fn wake<T>(trigger: mpsc::Sender<()>) -> impl FnMut(T) -> std::future::Ready<()> {
     move |_| {
         let _ = trigger.try_send(());
         std::future::ready(())
@@ -109,10 +259,10 @@ fn wake<T>(trigger: tokio::sync::mpsc::Sender<()>) -> impl FnMut(T) -> std::futu
 }
 
 /// Wakes the loop on every change of what the layout depends on.
-fn spawn_watchers(client: &kube::Client, namespace: &str, trigger: tokio::sync::mpsc::Sender<()>) {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let nads: Api<DynamicObject> = Api::all_with(client.clone(), &NAD_RESOURCE.api_resource());
-    let slice_pools: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &NODE_SLICE_POOL_RESOURCE.api_resource());
+fn spawn_watchers(client: &kube::Client, namespace: &str, trigger: mpsc::Sender<()>) {
+    let nodes: KubeApi<k8s_openapi::api::core::v1::Node> = KubeApi::all(client.clone());
+    let nads: KubeApi<DynamicObject> = KubeApi::all_with(client.clone(), &NAD_RESOURCE.api_resource());
+    let slice_pools: KubeApi<DynamicObject> = KubeApi::namespaced_with(client.clone(), namespace, &NODE_SLICE_POOL_RESOURCE.api_resource());
     tokio::spawn(watcher(nodes, watcher::Config::default()).default_backoff().for_each(wake(trigger.clone())));
     tokio::spawn(watcher(nads, watcher::Config::default()).default_backoff().for_each(wake(trigger.clone())));
     tokio::spawn(watcher(slice_pools, watcher::Config::default()).default_backoff().for_each(wake(trigger)));

@@ -126,22 +126,62 @@ pub async fn remove_node(cluster: &Cluster, name: &str) -> Result<()> {
 /// `thereabouts controller` as a child process, killed when dropped.
 pub struct Controller {
     child: Child,
+    /// Where its `/metrics`, `/healthz` and `/readyz` answer (loopback).
+    pub metrics_port: u16,
+}
+
+/// How a test runs the controller: short lease, resync and cool-down, so
+/// that its passes come within seconds.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub cool_down_seconds: u64,
+    pub resync_seconds: u64,
+    pub reconcile_interval_seconds: u64,
+    pub completed_grace_seconds: u64,
+    pub lease_seconds: u64,
+    pub identity: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            cool_down_seconds: 2,
+            resync_seconds: 1,
+            reconcile_interval_seconds: 300,
+            completed_grace_seconds: 60,
+            lease_seconds: 2,
+            identity: "test".into(),
+        }
+    }
 }
 
 impl Controller {
-    /// Short lease, resync and `cool_down_seconds`, so tests see its passes within seconds.
     pub fn start(binary: &Path, kubeconfig: &Path, cool_down_seconds: u64, log: &Path) -> Result<Controller> {
         Self::start_with(binary, kubeconfig, cool_down_seconds, 1, log)
     }
 
     pub fn start_with(binary: &Path, kubeconfig: &Path, cool_down_seconds: u64, resync_seconds: u64, log: &Path) -> Result<Controller> {
+        Self::run(binary, kubeconfig, &Settings { cool_down_seconds, resync_seconds, ..Settings::default() }, log)
+    }
+
+    pub fn run(binary: &Path, kubeconfig: &Path, settings: &Settings, log: &Path) -> Result<Controller> {
         let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = Command::new(binary)
-            .args(["controller", "--namespace", NAMESPACE, "--lease-seconds", "2"])
+            .args(["controller", "--namespace", NAMESPACE, "--lease-seconds"])
+            .arg(settings.lease_seconds.to_string())
             .arg("--resync-seconds")
-            .arg(resync_seconds.to_string())
+            .arg(settings.resync_seconds.to_string())
             .arg("--cool-down-seconds")
-            .arg(cool_down_seconds.to_string())
+            .arg(settings.cool_down_seconds.to_string())
+            .arg("--reconcile-interval-seconds")
+            .arg(settings.reconcile_interval_seconds.to_string())
+            .arg("--completed-grace-seconds")
+            .arg(settings.completed_grace_seconds.to_string())
+            .arg("--metrics-address")
+            .arg(format!("127.0.0.1:{metrics_port}"))
+            .arg("--identity")
+            .arg(&settings.identity)
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .stdin(Stdio::null())
@@ -149,7 +189,17 @@ impl Controller {
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {} controller", binary.display()))?;
-        Ok(Controller { child })
+        Ok(Controller { child, metrics_port })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// One sample of its `/metrics` (`name{labels}` as written), 0 when absent.
+    pub fn metric(&self, sample: &str) -> Result<f64> {
+        let text = http_get(self.metrics_port, "/metrics")?;
+        Ok(text.lines().find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0.0))
     }
 
     /// SIGKILL: no release of the Lease, nothing finished.
@@ -163,4 +213,15 @@ impl Drop for Controller {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The body of `GET path` on loopback `port` (HTTP/1.1, `Connection: close`).
+pub fn http_get(port: u16, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
 }

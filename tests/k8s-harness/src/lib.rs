@@ -50,6 +50,7 @@ mod latency_proxy;
 pub mod log_stats;
 pub mod peers;
 pub mod plugin;
+pub mod pods;
 mod process;
 pub mod report;
 pub mod whereabouts;

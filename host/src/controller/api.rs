@@ -1,0 +1,158 @@
+//! The controller's requests, raw: paths and JSON bodies it builds itself, and
+//! answers decoded into the few fields it reads (`pods.rs`, `kube_store.rs`),
+//! with every failure counted by class for `thereabouts_api_errors_total`.
+
+use http::Method;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::metrics::Metrics;
+
+/// A request that did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The apiserver answered with a failure status.
+    #[error("{method} {path}: {code} {message}")]
+    Status { method: Method, path: String, code: u16, message: String },
+    /// No answer (connection refused, reset, timed out).
+    #[error("{method} {path}: {detail}")]
+    Transport { method: Method, path: String, detail: String },
+}
+
+impl ApiError {
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ApiError::Status { code, .. } => Some(*code),
+            ApiError::Transport { .. } => None,
+        }
+    }
+
+    /// The `class` label: what an operator acts on.
+    pub fn class(&self) -> &'static str {
+        match self.code() {
+            None => "unreachable",
+            Some(401 | 403) => "denied",
+            Some(404) => "not_found",
+            Some(409 | 422) => "conflict",
+            Some(408 | 429 | 500..=599) => "unavailable",
+            Some(_) => "rejected",
+        }
+    }
+}
+
+/// The client, the metrics its failures go to, and the field manager its
+/// writes name (so that an object's `managedFields` tell the controller's
+/// writes from the plugins').
+#[derive(Clone)]
+pub struct Api {
+    pub client: kube::Client,
+    pub metrics: Metrics,
+}
+
+/// Requests whose writes the apiserver records under this manager.
+pub const FIELD_MANAGER: &str = "thereabouts-controller";
+
+impl Api {
+    pub async fn send(&self, method: Method, path: &str, body: Option<(&str, &Value)>) -> Result<Value, ApiError> {
+        let text = self.send_text(method, path, body).await?;
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text)
+            .map_err(|e| self.failed(ApiError::Transport { method: Method::GET, path: path.into(), detail: format!("answer is not JSON: {e}") }))
+    }
+
+    /// A GET decoded into `T` (serde skips every field `T` does not name).
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
+        let text = self.send_text(Method::GET, path, None).await?;
+        serde_json::from_str(&text)
+            .map_err(|e| self.failed(ApiError::Transport { method: Method::GET, path: path.into(), detail: format!("answer unreadable: {e}") }))
+    }
+
+    async fn send_text(&self, method: Method, path: &str, body: Option<(&str, &Value)>) -> Result<String, ApiError> {
+        let mut request = http::Request::builder().method(method.clone()).uri(path).header(http::header::ACCEPT, "application/json");
+        let bytes = match body {
+            Some((content_type, value)) => {
+                request = request.header(http::header::CONTENT_TYPE, content_type);
+                serde_json::to_vec(value).unwrap_or_default()
+            }
+            None => Vec::new(),
+        };
+        let request = request.body(bytes).map_err(|e| ApiError::Transport { method: method.clone(), path: path.into(), detail: e.to_string() })?;
+        let answer = tokio::time::timeout(crate::datastore::kubernetes::REQUEST_TIMEOUT, self.client.request_text(request)).await;
+        match answer {
+            Ok(Ok(text)) => Ok(text),
+            Ok(Err(kube::Error::Api(status))) => {
+                Err(self.failed(ApiError::Status { method, path: path.into(), code: status.code, message: status.message.clone() }))
+            }
+            Ok(Err(e)) => Err(self.failed(ApiError::Transport { method, path: path.into(), detail: crate::datastore::kubernetes::kubeconfig::error_text(&e) })),
+            Err(_) => Err(self.failed(ApiError::Transport { method, path: path.into(), detail: "no answer within the request timeout".into() })),
+        }
+    }
+
+    fn failed(&self, e: ApiError) -> ApiError {
+        self.metrics.api_error(e.class());
+        e
+    }
+
+    /// Every item of a collection, page by page (`limit` items each), each
+    /// handed to `each` as it is decoded: a page at a time in memory.
+    pub async fn list_pages<T: DeserializeOwned>(&self, path: &str, limit: u32, mut each: impl FnMut(T)) -> Result<(), ApiError> {
+        let mut token: Option<String> = None;
+        let separator = if path.contains('?') { '&' } else { '?' };
+        loop {
+            let mut page_path = format!("{path}{separator}limit={limit}");
+            if let Some(t) = &token {
+                page_path.push_str(&format!("&continue={}", percent(t)));
+            }
+            let page: Page<T> = self.get(&page_path).await?;
+            page.items.into_iter().for_each(&mut each);
+            token = page.metadata.continue_token.filter(|t| !t.is_empty());
+            if token.is_none() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Page<T> {
+    #[serde(default)]
+    metadata: PageMeta,
+    #[serde(default = "Vec::new")]
+    items: Vec<T>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct PageMeta {
+    #[serde(default, rename = "continue")]
+    continue_token: Option<String>,
+}
+
+/// A query value, percent-encoded (continue tokens are base64 with `=`, `+`, `/`).
+pub fn percent(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_classed_for_the_metric() {
+        let status = |code| ApiError::Status { method: Method::GET, path: "/".into(), code, message: String::new() };
+        assert_eq!(status(403).class(), "denied");
+        assert_eq!(status(422).class(), "conflict");
+        assert_eq!(status(503).class(), "unavailable");
+        assert_eq!(ApiError::Transport { method: Method::GET, path: "/".into(), detail: String::new() }.class(), "unreachable");
+        assert_eq!(percent("a+b/c="), "a%2Bb%2Fc%3D");
+    }
+}

@@ -1,0 +1,155 @@
+//! What a shared datastore holds, as the reconciler reads it: every pool entry
+//! and every reservation, each with what its guarded removal must test (the
+//! entry's `id` as stored; the reservation's UID and version). The same shape
+//! for the Kubernetes and the etcd datastore, so one decision serves both.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use serde_json::Value;
+use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
+use thereabouts_allocator::ip::{self, Family};
+use thereabouts_allocator::model::Allocation;
+
+/// One pool entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub pool: String,
+    pub address: IpAddr,
+    /// Container ID, podref and interface, as recorded.
+    pub holder: Allocation,
+    /// The key it is stored under (whereabouts writes `%d`; `05` stays `05`).
+    pub key: String,
+    /// The `id` member exactly as stored: what a removal tests.
+    pub id: Value,
+}
+
+/// One `OverlappingRangeIPReservation` (or etcd reservation key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// `[<network_name>-]<address with : as ->`.
+    pub name: String,
+    pub podref: String,
+    pub containerid: String,
+    pub ifname: String,
+    /// What a guarded delete must still find: the object's UID (Kubernetes),
+    /// empty on etcd.
+    pub uid: String,
+    /// `resourceVersion` (Kubernetes) or `mod_revision` (etcd).
+    pub version: String,
+    /// How long it has existed, when the datastore says.
+    pub age: Option<Duration>,
+}
+
+/// A pool's size, for the metrics and `pools --check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSummary {
+    pub name: String,
+    pub range: String,
+    /// Addresses of the range less the network address (and the IPv4
+    /// broadcast): a pool does not record its config's exclusions.
+    pub capacity: u128,
+    pub entries: u128,
+    pub without_podref: u64,
+    /// Keys that are no offset, and entries outside the range: left alone.
+    pub unreadable: Vec<String>,
+}
+
+/// Everything read in one pass.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Holdings {
+    pub entries: Vec<Entry>,
+    pub reservations: Vec<Reservation>,
+    pub pools: Vec<PoolSummary>,
+    /// Pools that could not be read at all (named, with why).
+    pub unreadable_pools: Vec<String>,
+}
+
+/// The address at `offset` of `range` (a pool's `spec.range`), `None` when
+/// the range is no CIDR or the offset leaves it.
+pub fn address_at(range: &str, offset: u128) -> Option<IpAddr> {
+    let cidr = ip::parse_cidr(range, true)?;
+    let value = cidr.network().checked_add(offset)?;
+    (value <= cidr.broadcast()).then(|| ip::from_u128(cidr.family(), value))
+}
+
+/// What [`PoolSummary::capacity`] says of a range.
+pub fn capacity_of(range: &str) -> u128 {
+    let Some(cidr) = ip::parse_cidr(range, true) else { return 0 };
+    let size = (cidr.broadcast() - cidr.network()).saturating_add(1);
+    match cidr.family() {
+        Family::V4 if cidr.prefix < 31 => size - 2,
+        Family::V4 => size,
+        Family::V6 if cidr.prefix < 128 => size - 1,
+        Family::V6 => size,
+    }
+}
+
+/// The part of a reservation name that an address becomes (`2001:db8::` →
+/// `2001-db8--0`), as whereabouts names reservations.
+pub fn reservation_suffix(address: IpAddr) -> String {
+    thereabouts_allocator::naming::reservation_name_of(&ip::format_ip(address), "")
+}
+
+impl Reservation {
+    /// Whether it reserves `address`: its name is the address's, alone or
+    /// after a network name.
+    pub fn names(&self, address: IpAddr) -> bool {
+        let suffix = reservation_suffix(address);
+        self.name == suffix || self.name.strip_suffix(&suffix).is_some_and(|rest| rest.ends_with('-'))
+    }
+
+    /// Whether it is the reservation of `entry`: its address, and the same
+    /// attachment (whereabouts before v0.8.0 wrote no interface).
+    pub fn backs(&self, entry: &Entry) -> bool {
+        let recorded = Holder { container_id: &self.containerid, pod_ref: &self.podref, ifname: &self.ifname };
+        self.names(entry.address) && same_attachment(recorded, entry.holder.holder(), Ifname::MayBeMissing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reservation(name: &str, podref: &str) -> Reservation {
+        Reservation {
+            name: name.into(),
+            podref: podref.into(),
+            containerid: "c1".into(),
+            ifname: "net1".into(),
+            uid: String::new(),
+            version: String::new(),
+            age: None,
+        }
+    }
+
+    #[test]
+    fn addresses_are_the_range_network_plus_the_offset() {
+        assert_eq!(address_at("192.0.2.0/24", 7), Some("192.0.2.7".parse().unwrap()));
+        assert_eq!(address_at("192.0.2.64/26", 1), Some("192.0.2.65".parse().unwrap()));
+        assert_eq!(address_at("192.0.2.0/24", 256), None);
+        assert_eq!(address_at("2001:db8::/64", 0x10), Some("2001:db8::10".parse().unwrap()));
+        assert_eq!(address_at("nonsense", 1), None);
+        assert_eq!((capacity_of("192.0.2.0/24"), capacity_of("192.0.2.0/31"), capacity_of("2001:db8::/120")), (254, 2, 255));
+    }
+
+    #[test]
+    fn a_reservation_names_its_address_with_or_without_a_network() {
+        let v6: IpAddr = "2001:db8::".parse().unwrap();
+        assert!(reservation("2001-db8--0", "ns/a").names(v6));
+        assert!(reservation("blue-2001-db8--0", "ns/a").names(v6));
+        assert!(!reservation("2001-db8--1", "ns/a").names(v6));
+        let v4: IpAddr = "2.0.2.1".parse().unwrap();
+        assert!(!reservation("192.0.2.1", "ns/a").names(v4), "a longer address is another address");
+        let entry = |podref: &str, ifname: &str| Entry {
+            pool: "p".into(),
+            address: "192.0.2.1".parse().unwrap(),
+            holder: Allocation { offset: 1, container_id: "c2".into(), pod_ref: podref.into(), ifname: ifname.into() },
+            key: "1".into(),
+            id: Value::Null,
+        };
+        assert!(reservation("blue-192.0.2.1", "ns/a").backs(&entry("ns/a", "net1")));
+        assert!(!reservation("blue-192.0.2.1", "ns/a").backs(&entry("ns/b", "net1")));
+        assert!(!reservation("blue-192.0.2.1", "ns/a").backs(&entry("ns/a", "net2")));
+    }
+}

@@ -1,0 +1,150 @@
+//! The Kubernetes datastore as the reconciler sees it: every `IPPool` and
+//! `OverlappingRangeIPReservation` of the namespace (node-slice pools are
+//! IPPools too), read page by page; and the two guarded writes that free
+//! them, the plugin's own:
+//! - a JSON patch per pool that tests each entry's `id` as read before it
+//!   removes it (`patch::update`), so an entry an ADD took over since is left;
+//! - a DELETE of a reservation with its UID and `resourceVersion` as
+//!   preconditions.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::Method;
+use serde_json::{Value, json};
+
+use super::api::{Api, ApiError, FIELD_MANAGER};
+use super::held::{Entry, Holdings, PoolSummary, Reservation, address_at, capacity_of};
+use super::pods::unix_seconds;
+use crate::datastore::Change;
+use crate::datastore::kubernetes::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
+use crate::datastore::kubernetes::patch;
+
+const JSON_PATCH: &str = "application/json-patch+json";
+/// Pools per page: a pool may be a large object.
+const POOLS_PAGE: u32 = 10;
+const RESERVATIONS_PAGE: u32 = 500;
+
+/// What a guarded write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Done,
+    /// The object changed since it was read (or is gone): left for the next pass.
+    ChangedMeanwhile,
+}
+
+pub struct KubeStore {
+    pub api: Api,
+    pub namespace: String,
+}
+
+impl KubeStore {
+    pub async fn read(&self) -> Result<Holdings, ApiError> {
+        let mut held = Holdings::default();
+        let mut failures = Vec::new();
+        self.api
+            .list_pages::<Value>(&crd::collection_path(&self.namespace, IPPOOLS), POOLS_PAGE, |object| {
+                let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+                match crd::parse_pool(&object) {
+                    Ok(pool) => add_pool(&mut held, &name, &pool),
+                    Err(e) => failures.push(format!("IPPool {name}: {e}")),
+                }
+            })
+            .await?;
+        held.unreadable_pools = failures;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        self.api
+            .list_pages::<Value>(&crd::collection_path(&self.namespace, RESERVATIONS), RESERVATIONS_PAGE, |object| {
+                let r = crd::parse_reservation(&object);
+                let created = object.pointer("/metadata/creationTimestamp").and_then(Value::as_str).and_then(unix_seconds);
+                held.reservations.push(Reservation {
+                    name: r.name,
+                    podref: r.podref,
+                    containerid: r.containerid,
+                    ifname: r.ifname,
+                    uid: r.uid,
+                    version: r.resource_version,
+                    age: created.map(|c| Duration::from_secs(now.saturating_sub(c).max(0) as u64)),
+                })
+            })
+            .await?;
+        Ok(held)
+    }
+
+    /// Removes `entries` (all of one pool) in one patch; when an entry changed
+    /// since the read, the patch fails as a whole and each entry is tried on
+    /// its own. Answers, per entry, what happened.
+    pub async fn remove_entries(&self, pool: &str, entries: &[&Entry]) -> Result<Vec<Written>, ApiError> {
+        match self.patch_out(pool, entries).await? {
+            Written::Done => Ok(vec![Written::Done; entries.len()]),
+            Written::ChangedMeanwhile if entries.len() == 1 => Ok(vec![Written::ChangedMeanwhile]),
+            Written::ChangedMeanwhile => {
+                let mut out = Vec::with_capacity(entries.len());
+                for e in entries {
+                    out.push(self.patch_out(pool, &[e]).await?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    async fn patch_out(&self, pool: &str, entries: &[&Entry]) -> Result<Written, ApiError> {
+        let object = PoolObject {
+            entries: entries.iter().map(|e| e.holder.clone()).collect(),
+            keys: entries.iter().map(|e| (e.holder.offset, e.key.clone())).collect(),
+            ids: entries.iter().map(|e| (e.holder.offset, e.id.clone())).collect(),
+            has_allocations: true,
+            ..PoolObject::default()
+        };
+        let changes: Vec<Change> = entries.iter().map(|e| Change::Remove { offset: e.holder.offset }).collect();
+        let ops = patch::update(&object, &changes, false).map_err(|detail| ApiError::Transport { method: Method::PATCH, path: pool.into(), detail })?;
+        let path = format!("{}?fieldManager={FIELD_MANAGER}", crd::object_path(&self.namespace, IPPOOLS, pool));
+        guarded(self.api.send(Method::PATCH, &path, Some((JSON_PATCH, &ops))).await)
+    }
+
+    pub async fn delete_reservation(&self, r: &Reservation) -> Result<Written, ApiError> {
+        let body = json!({
+            "kind": "DeleteOptions", "apiVersion": "v1",
+            "preconditions": {"uid": r.uid, "resourceVersion": r.version},
+        });
+        let path = crd::object_path(&self.namespace, RESERVATIONS, &r.name);
+        guarded(self.api.send(Method::DELETE, &path, Some(("application/json", &body))).await)
+    }
+}
+
+/// 404 (gone), 409 (a precondition) and 422 (a failed test): someone wrote first.
+fn guarded(answer: Result<Value, ApiError>) -> Result<Written, ApiError> {
+    match answer {
+        Ok(_) => Ok(Written::Done),
+        Err(e) if matches!(e.code(), Some(404 | 409 | 422)) => Ok(Written::ChangedMeanwhile),
+        Err(e) => Err(e),
+    }
+}
+
+fn add_pool(held: &mut Holdings, name: &str, pool: &PoolObject) {
+    let range = pool.range.clone().unwrap_or_default();
+    let mut summary = PoolSummary {
+        name: name.to_string(),
+        range: range.clone(),
+        capacity: capacity_of(&range),
+        entries: pool.entries.len() as u128,
+        without_podref: 0,
+        unreadable: pool.unparsable.clone(),
+    };
+    for a in &pool.entries {
+        let Some(address) = address_at(&range, a.offset) else {
+            summary.unreadable.push(format!("offset {} is outside {range:?}", a.offset));
+            continue;
+        };
+        if !a.pod_ref.contains('/') {
+            summary.without_podref += 1;
+        }
+        held.entries.push(Entry {
+            pool: name.to_string(),
+            address,
+            holder: a.clone(),
+            key: pool.keys.get(&a.offset).cloned().unwrap_or_else(|| a.offset.to_string()),
+            id: pool.ids.get(&a.offset).cloned().unwrap_or(Value::Null),
+        });
+    }
+    held.pools.push(summary);
+}

@@ -1,0 +1,238 @@
+//! Every metric `thereabouts controller` exports, registered once in one
+//! Prometheus registry (prefix `thereabouts`), so the loops only call small
+//! methods on a shared [`Metrics`] and `/metrics` (`http.rs`) only calls
+//! [`Metrics::encode`].
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolState {
+    pool: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PassLabels {
+    kind: String,
+    outcome: &'static str,
+}
+
+/// A label set of one label, the label named as the field.
+macro_rules! one_label {
+    ($name:ident, $label:ident) => {
+        #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+        struct $name {
+            $label: String,
+        }
+    };
+}
+one_label!(PoolLabel, pool);
+one_label!(ReasonLabel, reason);
+one_label!(KindLabel, kind);
+one_label!(ClassLabel, class);
+
+const STATES: [&str; 3] = ["capacity", "allocated", "free"];
+
+fn duration_histogram() -> Histogram {
+    // 1 ms doubling 16 times reaches 65.5 s: a pass over a handful of pools up to a full resync
+    // against a slow API server.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    // An IPv6 pool holds up to 2^128 addresses: i64 cannot, f64 approximates.
+    pool_addresses: Family<PoolState, Gauge<f64, AtomicU64>>,
+    pool_entries_without_podref: Family<PoolLabel, Gauge>,
+    freed: Family<ReasonLabel, Counter>,
+    passes: Family<PassLabels, Counter>,
+    pass_duration: Family<KindLabel, Histogram, fn() -> Histogram>,
+    api_errors: Family<ClassLabel, Counter>,
+    leader: Gauge,
+    // The families cannot list their label sets, so the pools last reported are kept here to
+    // drop the ones that went away.
+    known_pools: Mutex<BTreeSet<String>>,
+}
+
+/// The controller's metrics; cheap to clone (one shared registry).
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("thereabouts");
+        let pool_addresses = Family::<PoolState, Gauge<f64, AtomicU64>>::default();
+        registry.register("pool_addresses", "Addresses of a pool by state (capacity, allocated, free)", pool_addresses.clone());
+        let pool_entries_without_podref = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "pool_entries_without_podref",
+            "Allocations of a pool with an empty podref (written by very old clients), never freed by the controller",
+            pool_entries_without_podref.clone(),
+        );
+        let freed = Family::<ReasonLabel, Counter>::default();
+        registry.register("addresses_freed", "Addresses the controller freed, by reason", freed.clone());
+        let passes = Family::<PassLabels, Counter>::default();
+        registry.register("reconcile_passes", "Reconcile passes by kind (full, pod_delete) and outcome (ok, failed)", passes.clone());
+        let pass_duration = Family::<KindLabel, Histogram, fn() -> Histogram>::new_with_constructor(duration_histogram);
+        registry.register_with_unit("reconcile_duration", "Duration of a reconcile pass, by kind", Unit::Seconds, pass_duration.clone());
+        let api_errors = Family::<ClassLabel, Counter>::default();
+        registry.register("api_errors", "Failed Kubernetes API requests, by class", api_errors.clone());
+        let leader = Gauge::default();
+        registry.register("leader", "1 while this replica holds the controller Lease, else 0", leader.clone());
+        let inner = Inner {
+            registry,
+            pool_addresses,
+            pool_entries_without_podref,
+            freed,
+            passes,
+            pass_duration,
+            api_errors,
+            leader,
+            known_pools: Mutex::new(BTreeSet::new()),
+        };
+        Metrics { inner: Arc::new(inner) }
+    }
+
+    /// Reports these pools, `(pool, capacity, allocated, entries without podref)`, and forgets
+    /// every pool not in the list.
+    pub fn set_pools(&self, pools: &[(String, u128, u128, u64)]) {
+        let inner = &self.inner;
+        // A panic elsewhere while holding the lock leaves the set intact: keep using it.
+        let mut known = inner.known_pools.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let current: BTreeSet<String> = pools.iter().map(|(pool, ..)| pool.clone()).collect();
+        for gone in known.difference(&current) {
+            for state in STATES {
+                inner.pool_addresses.remove(&PoolState { pool: gone.clone(), state });
+            }
+            inner.pool_entries_without_podref.remove(&PoolLabel { pool: gone.clone() });
+        }
+        for (pool, capacity, allocated, without_podref) in pools {
+            let free = capacity.saturating_sub(*allocated);
+            // u128 as f64 rounds to nearest and cannot overflow (2^128 < f64::MAX).
+            for (state, value) in [("capacity", *capacity), ("allocated", *allocated), ("free", free)] {
+                inner.pool_addresses.get_or_create(&PoolState { pool: pool.clone(), state }).set(value as f64);
+            }
+            let without_podref = i64::try_from(*without_podref).unwrap_or(i64::MAX);
+            inner.pool_entries_without_podref.get_or_create(&PoolLabel { pool: pool.clone() }).set(without_podref);
+        }
+        *known = current;
+    }
+
+    pub fn freed(&self, reason: &str) {
+        self.inner.freed.get_or_create(&ReasonLabel { reason: reason.to_string() }).inc();
+    }
+
+    pub fn freed_count(&self, reason: &str) -> u64 {
+        self.inner.freed.get(&ReasonLabel { reason: reason.to_string() }).map(|c| c.get()).unwrap_or(0)
+    }
+
+    /// One reconcile pass of `kind` (`full`, `pod_delete`) ended.
+    pub fn pass(&self, kind: &str, ok: bool, duration: Duration) {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.inner.passes.get_or_create(&PassLabels { kind: kind.to_string(), outcome }).inc();
+        self.inner.pass_duration.get_or_create(&KindLabel { kind: kind.to_string() }).observe(duration.as_secs_f64());
+    }
+
+    pub fn api_error(&self, class: &str) {
+        self.inner.api_errors.get_or_create(&ClassLabel { class: class.to_string() }).inc();
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.inner.leader.set(i64::from(leading));
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        match prometheus_client::encoding::text::encode(&mut text, &self.inner.registry) {
+            Ok(()) => text,
+            // Only a failing writer can fail, and a String never does; if it ever did, a scrape
+            // must see an invalid exposition rather than a partial one.
+            Err(e) => format!("# error encoding the metrics: {e}\n"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The controller shares one Metrics between its tasks.
+    const _: fn() = || {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Metrics>();
+    };
+
+    #[test]
+    fn counters_appear_in_the_text() {
+        let metrics = Metrics::new();
+        metrics.freed("pod_gone");
+        metrics.freed("pod_gone");
+        metrics.freed("orphan_reservation");
+        metrics.api_error("conflict");
+        metrics.pass("full", true, Duration::from_millis(3));
+        metrics.pass("pod_delete", false, Duration::from_secs(2));
+        assert_eq!(metrics.freed_count("pod_gone"), 2);
+        assert_eq!(metrics.freed_count("released_by_hand"), 0);
+        let text = metrics.encode();
+        assert!(text.contains("thereabouts_addresses_freed_total{reason=\"pod_gone\"} 2\n"), "{text}");
+        assert!(text.contains("thereabouts_addresses_freed_total{reason=\"orphan_reservation\"} 1\n"), "{text}");
+        assert!(text.contains("thereabouts_api_errors_total{class=\"conflict\"} 1\n"), "{text}");
+        assert!(text.contains("thereabouts_reconcile_passes_total{kind=\"full\",outcome=\"ok\"} 1\n"), "{text}");
+        assert!(text.contains("thereabouts_reconcile_passes_total{kind=\"pod_delete\",outcome=\"failed\"} 1\n"), "{text}");
+        assert!(text.contains("thereabouts_reconcile_duration_seconds_count{kind=\"full\"} 1\n"), "{text}");
+        assert!(text.contains("thereabouts_reconcile_duration_seconds_bucket{le=\"0.004\",kind=\"full\"} 1\n"), "{text}");
+        assert!(text.contains("# TYPE thereabouts_reconcile_duration_seconds histogram\n"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn pools_are_set_and_dropped() {
+        let metrics = Metrics::new();
+        metrics.set_pools(&[("10.0.0.0-24".to_string(), 256, 10, 1), ("fd00---64".to_string(), 1 << 64, 3, 0)]);
+        let text = metrics.encode();
+        assert!(text.contains("thereabouts_pool_addresses{pool=\"10.0.0.0-24\",state=\"capacity\"} 256.0\n"), "{text}");
+        assert!(text.contains("thereabouts_pool_addresses{pool=\"10.0.0.0-24\",state=\"allocated\"} 10.0\n"), "{text}");
+        assert!(text.contains("thereabouts_pool_addresses{pool=\"10.0.0.0-24\",state=\"free\"} 246.0\n"), "{text}");
+        assert!(text.contains("thereabouts_pool_entries_without_podref{pool=\"10.0.0.0-24\"} 1\n"), "{text}");
+        assert!(text.contains("pool=\"fd00---64\",state=\"capacity\"}"), "{text}");
+
+        metrics.set_pools(&[("fd00---64".to_string(), u128::MAX, u128::MAX, u64::MAX)]);
+        let text = metrics.encode();
+        assert!(!text.contains("10.0.0.0-24"), "{text}");
+        assert!(text.contains("thereabouts_pool_addresses{pool=\"fd00---64\",state=\"free\"} 0.0\n"), "{text}");
+        assert!(text.contains(&format!("thereabouts_pool_entries_without_podref{{pool=\"fd00---64\"}} {}\n", i64::MAX)), "{text}");
+
+        metrics.set_pools(&[]);
+        assert!(!metrics.encode().contains("pool="));
+    }
+
+    #[test]
+    fn leader_flips() {
+        let metrics = Metrics::new();
+        assert!(metrics.encode().contains("thereabouts_leader 0\n"));
+        metrics.set_leader(true);
+        assert!(metrics.encode().contains("thereabouts_leader 1\n"));
+        metrics.set_leader(false);
+        assert!(metrics.encode().contains("thereabouts_leader 0\n"));
+    }
+}

@@ -1,0 +1,205 @@
+//! One reconcile pass: read what the datastore holds, then the pods, decide
+//! (`verdict.rs`), and free what the verdict names with guarded writes, each
+//! after the write guard (`lease_guard.rs`) says this replica still leads.
+//! Every freed address gets one log line naming why, a count in
+//! `thereabouts_addresses_freed_total`, and an Event on its pod's namespace.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use http::Method;
+use serde_json::json;
+
+use super::api::{Api, percent};
+use super::held::{Entry, Holdings, Reservation};
+use super::kube_store::{KubeStore, Written};
+use super::lease_guard::WriteGuard;
+use super::metrics::Metrics;
+use super::pod_source::PodsAt;
+use super::verdict::{self, Reason, Rules, Verdict};
+use crate::logging;
+
+/// Which entries a pass looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every entry and reservation (at start, every interval, after a watch re-list).
+    Full,
+    /// Only those of these pods (`namespace/name`), after their delete events.
+    Pods(BTreeSet<String>),
+}
+
+impl Scope {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Scope::Full => "full",
+            Scope::Pods(_) => "pod_delete",
+        }
+    }
+}
+
+/// What a pass freed (or, dry, would free).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    pub entries: Vec<(Entry, Reason)>,
+    pub reservations: Vec<(Reservation, Reason)>,
+    /// Left because they changed between the read and the write.
+    pub changed_meanwhile: usize,
+    pub without_podref: Vec<Entry>,
+    pub pods_read: usize,
+}
+
+pub struct Reconciler {
+    pub api: Api,
+    pub store: KubeStore,
+    pub metrics: Metrics,
+    pub guard: WriteGuard,
+    pub completed_grace: Duration,
+    pub add_budget: Duration,
+    /// Who reports the Events.
+    pub identity: String,
+}
+
+impl Reconciler {
+    /// One pass; `dry` decides without writing.
+    pub async fn pass(&self, scope: &Scope, dry: bool) -> Result<Report> {
+        let started = Instant::now();
+        let outcome = self.pass_inner(scope, dry).await;
+        self.metrics.pass(scope.kind(), outcome.is_ok(), started.elapsed());
+        outcome
+    }
+
+    async fn pass_inner(&self, scope: &Scope, dry: bool) -> Result<Report> {
+        // The datastore first, then the pods (whereabouts#207).
+        let mut held = self.store.read().await.context("reading the pools")?;
+        for failure in &held.unreadable_pools {
+            logging::error(format!("controller: {failure}; left alone"));
+        }
+        if let Scope::Full = scope {
+            let pools: Vec<_> = held.pools.iter().map(|p| (p.name.clone(), p.capacity, p.entries, p.without_podref)).collect();
+            self.metrics.set_pools(&pools);
+        }
+        let pods = match scope {
+            Scope::Full => PodsAt::all(&self.api).await.context("listing pods")?,
+            Scope::Pods(podrefs) => {
+                held.entries.retain(|e| podrefs.contains(&e.holder.pod_ref));
+                held.reservations.retain(|r| podrefs.contains(&r.podref));
+                let named: BTreeSet<String> =
+                    held.entries.iter().map(|e| e.holder.pod_ref.clone()).chain(held.reservations.iter().map(|r| r.podref.clone())).collect();
+                PodsAt::only(&self.api, &named).await.context("reading pods")?
+            }
+        };
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        let rules = Rules { now, completed_grace: self.completed_grace, add_budget: self.add_budget };
+        let verdict = verdict::decide(&held, &pods, rules);
+        let mut report = Report { without_podref: verdict.without_podref.clone(), pods_read: pods.len(), ..Report::default() };
+        if dry {
+            report.entries = verdict.entries;
+            report.reservations = verdict.reservations;
+            return Ok(report);
+        }
+        self.free(verdict, &held, &mut report).await?;
+        Ok(report)
+    }
+
+    async fn free(&self, verdict: Verdict, held: &Holdings, report: &mut Report) -> Result<()> {
+        let mut by_pool: BTreeMap<&str, Vec<&(Entry, Reason)>> = BTreeMap::new();
+        for freed in &verdict.entries {
+            by_pool.entry(freed.0.pool.as_str()).or_default().push(freed);
+        }
+        // Entries whose removal did not happen keep their reservations.
+        let mut kept: Vec<&Entry> = Vec::new();
+        for (pool, freed) in by_pool {
+            self.guard.check().await.context("before removing entries")?;
+            let entries: Vec<&Entry> = freed.iter().map(|(e, _)| e).collect();
+            let written = self.store.remove_entries(pool, &entries).await.with_context(|| format!("removing entries of IPPool {pool}"))?;
+            for ((entry, reason), w) in freed.iter().zip(written) {
+                match w {
+                    Written::Done => {
+                        self.freed(&entry.holder.pod_ref, &entry.address.to_string(), &format!("IPPool {pool}"), *reason).await;
+                        report.entries.push((entry.clone(), *reason));
+                    }
+                    Written::ChangedMeanwhile => {
+                        report.changed_meanwhile += 1;
+                        kept.push(entry);
+                    }
+                }
+            }
+        }
+        for (r, reason) in verdict.reservations {
+            if kept.iter().any(|e| r.backs(e)) {
+                continue;
+            }
+            self.guard.check().await.context("before deleting a reservation")?;
+            match self.store.delete_reservation(&r).await.with_context(|| format!("deleting reservation {}", r.name))? {
+                Written::Done => {
+                    logging::verbose(format!("controller: freed reservation {} of {} ({})", r.name, r.podref, reason.describe()));
+                    // An entry freed above already counted the address.
+                    if !held.entries.iter().any(|e| r.backs(e)) {
+                        self.metrics.freed(reason.label());
+                    }
+                    report.reservations.push((r, reason));
+                }
+                Written::ChangedMeanwhile => report.changed_meanwhile += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// The log line, the metric and the Event of one freed address.
+    async fn freed(&self, podref: &str, address: &str, place: &str, reason: Reason) {
+        logging::verbose(format!("controller: freed {address} of pod {podref} in {place} ({})", reason.describe()));
+        self.metrics.freed(reason.label());
+        if let Err(e) = self.event(podref, address, place, reason).await {
+            logging::error(format!("controller: cannot record the Event for {address} of {podref}: {e}"));
+        }
+    }
+
+    async fn event(&self, podref: &str, address: &str, place: &str, reason: Reason) -> Result<()> {
+        let Some((namespace, name)) = podref.split_once('/') else { return Ok(()) };
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let time = rfc3339(now);
+        let event = json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": format!("{name}."), "namespace": namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
+            "reason": "IPAddressGarbageCollected",
+            "message": format!("successful cleanup of IP address {address} from {place}: {}", reason.describe()),
+            "type": "Normal",
+            "source": {"component": "thereabouts-controller"},
+            "reportingComponent": "thereabouts-controller",
+            "reportingInstance": self.identity,
+            "firstTimestamp": time, "lastTimestamp": time, "count": 1,
+        });
+        let path = format!("/api/v1/namespaces/{}/events", percent(namespace));
+        self.api.send(Method::POST, &path, Some(("application/json", &event))).await?;
+        Ok(())
+    }
+}
+
+/// Unix seconds as `2026-12-01T22:33:42Z`.
+pub fn rfc3339(unix: u64) -> String {
+    let days = (unix / 86_400) as i64;
+    let rem = unix % 86_400;
+    // Civil date from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn times_print_as_the_apiserver_reads_them() {
+        assert_eq!(super::rfc3339(1_796_164_422), "2026-12-01T22:33:42Z");
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(crate::controller::pods::unix_seconds(&super::rfc3339(1_709_164_801)), Some(1_709_164_801));
+    }
+}

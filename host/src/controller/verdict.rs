@@ -1,0 +1,302 @@
+//! Which entries and reservations a pass frees, and why: a pure decision over
+//! what the datastore held (read first, at revision A) and what the pods were
+//! (read after, at P ≥ A). An entry read at A was written by an ADD, and a
+//! runtime calls ADD only for a pod that exists, so its pod is in the pod read
+//! unless it was deleted (whereabouts#207 read pods first and freed fresh
+//! allocations). The rules, one test each below, are the table in
+//! `docs/controller.md`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::held::{Entry, Holdings, Reservation};
+use super::pods::{Phase, PodFacts};
+use thereabouts_allocator::ip::Family;
+
+/// Why an address is given back; the value of the freed-addresses metric's
+/// `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// No Pod of that name: it was deleted and its DEL never came.
+    PodGone,
+    /// The pod completed (`Succeeded`/`Failed`) longer ago than the grace.
+    PodCompleted,
+    /// The pod runs with another address of this interface, held by another
+    /// entry of it: this one belongs to a sandbox that is gone.
+    SandboxReplaced,
+    /// A reservation no pool entry holds, of a pod that does not use it.
+    OrphanReservation,
+    /// `thereabouts release`.
+    ReleasedByHand,
+}
+
+impl Reason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::PodGone => "pod_gone",
+            Reason::PodCompleted => "pod_completed",
+            Reason::SandboxReplaced => "sandbox_replaced",
+            Reason::OrphanReservation => "orphan_reservation",
+            Reason::ReleasedByHand => "released_by_hand",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Reason::PodGone => "its pod is gone",
+            Reason::PodCompleted => "its pod completed",
+            Reason::SandboxReplaced => "its pod runs with another address on this interface",
+            Reason::OrphanReservation => "no pool entry holds it and its pod does not use it",
+            Reason::ReleasedByHand => "released by hand",
+        }
+    }
+}
+
+/// What the rules need besides the snapshots.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// Unix seconds.
+    pub now: i64,
+    /// How long a completed pod keeps its addresses (its runtime's DEL may still come).
+    pub completed_grace: Duration,
+    /// How long a reservation without an entry is an ADD in flight: longer
+    /// than the plugin's ADD budget.
+    pub add_budget: Duration,
+}
+
+/// The pods at P, and the nodes' readiness.
+pub trait PodView {
+    /// `None`: no Pod of that `namespace/name`.
+    fn pod(&self, podref: &str) -> Option<&PodFacts>;
+    /// `Some(true)` for a node whose `Ready` condition is `True`.
+    fn node_ready(&self, node: &str) -> Option<bool>;
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// Entries to remove, each with its reason.
+    pub entries: Vec<(Entry, Reason)>,
+    /// Reservations to delete: the freed entries' own, then orphans.
+    pub reservations: Vec<(Reservation, Reason)>,
+    /// Entries never freed on a guess (an empty or malformed podref).
+    pub without_podref: Vec<Entry>,
+}
+
+pub fn decide(held: &Holdings, pods: &dyn PodView, rules: Rules) -> Verdict {
+    let mut verdict = Verdict { entries: Vec::new(), reservations: Vec::new(), without_podref: Vec::new() };
+    let mut by_attachment: BTreeMap<(&str, &str), Vec<&Entry>> = BTreeMap::new();
+    for e in &held.entries {
+        by_attachment.entry((e.holder.pod_ref.as_str(), e.holder.ifname.as_str())).or_default().push(e);
+    }
+    for e in &held.entries {
+        if !e.holder.pod_ref.contains('/') {
+            verdict.without_podref.push(e.clone());
+            continue;
+        }
+        let siblings = by_attachment.get(&(e.holder.pod_ref.as_str(), e.holder.ifname.as_str())).map_or(&[][..], Vec::as_slice);
+        if let Some(reason) = entry_reason(e, siblings, pods, rules) {
+            verdict.entries.push((e.clone(), reason));
+        }
+    }
+    for r in &held.reservations {
+        if let Some((_, reason)) = verdict.entries.iter().find(|(e, _)| r.backs(e)) {
+            verdict.reservations.push((r.clone(), *reason));
+        } else if !held.entries.iter().any(|e| r.backs(e)) && orphaned(r, pods, rules) {
+            verdict.reservations.push((r.clone(), Reason::OrphanReservation));
+        }
+    }
+    verdict
+}
+
+/// Whether the pod is settled enough for its evidence to count: scheduled on
+/// a node that is known and `Ready`. A pod on a node that stopped reporting may
+/// still run; deleting the pod is what frees it.
+fn on_ready_node(pod: &PodFacts, pods: &dyn PodView) -> bool {
+    !pod.node.is_empty() && pods.node_ready(&pod.node) == Some(true)
+}
+
+fn completed(pod: &PodFacts, pods: &dyn PodView, rules: Rules) -> bool {
+    let grace = i64::try_from(rules.completed_grace.as_secs()).unwrap_or(i64::MAX);
+    matches!(pod.phase, Phase::Succeeded | Phase::Failed) && on_ready_node(pod, pods) && pod.finished_at.is_some_and(|at| rules.now.saturating_sub(at) >= grace)
+}
+
+fn entry_reason(e: &Entry, siblings: &[&Entry], pods: &dyn PodView, rules: Rules) -> Option<Reason> {
+    let Some(pod) = pods.pod(&e.holder.pod_ref) else { return Some(Reason::PodGone) };
+    if completed(pod, pods, rules) {
+        return Some(Reason::PodCompleted);
+    }
+    if pod.phase != Phase::Running || !on_ready_node(pod, pods) || e.holder.ifname.is_empty() {
+        return None;
+    }
+    let reported = pod.addresses_on(&e.holder.ifname)?;
+    let family = Family::of(e.address);
+    let replaced = !reported.contains(&e.address)
+        && siblings.iter().any(|s| s.holder.container_id != e.holder.container_id && Family::of(s.address) == family && reported.contains(&s.address));
+    replaced.then_some(Reason::SandboxReplaced)
+}
+
+/// A reservation no entry holds: an ADD between its reservation and its pool
+/// write, unless its pod is gone or completed, or runs, reports its networks
+/// without this address, and the reservation is older than an ADD can take.
+fn orphaned(r: &Reservation, pods: &dyn PodView, rules: Rules) -> bool {
+    if !r.podref.contains('/') {
+        return false;
+    }
+    let Some(pod) = pods.pod(&r.podref) else { return true };
+    if completed(pod, pods, rules) {
+        return true;
+    }
+    let old = r.age.is_some_and(|age| age >= rules.add_budget);
+    old && pod.phase == Phase::Running && on_ready_node(pod, pods) && pod.network_status.is_some() && !pod.all_addresses().any(|ip| r.names(*ip))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::pods::Attached;
+    use serde_json::Value;
+    use std::collections::BTreeMap;
+    use std::net::IpAddr;
+    use thereabouts_allocator::model::Allocation;
+
+    #[derive(Default)]
+    struct View {
+        pods: BTreeMap<String, PodFacts>,
+        ready: BTreeMap<String, bool>,
+    }
+    impl PodView for View {
+        fn pod(&self, podref: &str) -> Option<&PodFacts> {
+            self.pods.get(podref)
+        }
+        fn node_ready(&self, node: &str) -> Option<bool> {
+            self.ready.get(node).copied()
+        }
+    }
+
+    const RULES: Rules = Rules { now: 1_000, completed_grace: Duration::from_secs(60), add_budget: Duration::from_secs(150) };
+
+    fn entry(address: &str, cid: &str, podref: &str) -> Entry {
+        Entry {
+            pool: "192.0.2.0-24".into(),
+            address: address.parse().unwrap(),
+            holder: Allocation { offset: 0, container_id: cid.into(), pod_ref: podref.into(), ifname: "net1".into() },
+            key: "0".into(),
+            id: Value::String(cid.into()),
+        }
+    }
+    fn reservation(name: &str, cid: &str, podref: &str, age: u64) -> Reservation {
+        Reservation {
+            name: name.into(),
+            podref: podref.into(),
+            containerid: cid.into(),
+            ifname: "net1".into(),
+            uid: "u".into(),
+            version: "1".into(),
+            age: Some(Duration::from_secs(age)),
+        }
+    }
+    fn pod(phase: Phase, status: Option<&[&str]>) -> PodFacts {
+        let ips = |l: &[&str]| l.iter().map(|s| s.parse::<IpAddr>().unwrap()).collect();
+        PodFacts {
+            uid: "u2".into(),
+            phase,
+            node: "node-1".into(),
+            finished_at: None,
+            network_status: status.map(|l| vec![Attached { interface: "net1".into(), ips: ips(l) }]),
+        }
+    }
+    fn view(pods: &[(&str, PodFacts)]) -> View {
+        View { pods: pods.iter().map(|(n, p)| (n.to_string(), p.clone())).collect(), ready: [("node-1".to_string(), true)].into() }
+    }
+    fn held(entries: Vec<Entry>, reservations: Vec<Reservation>) -> Holdings {
+        Holdings { entries, reservations, ..Holdings::default() }
+    }
+    fn reasons(v: &Verdict) -> Vec<(String, Reason)> {
+        v.entries.iter().map(|(e, r)| (e.address.to_string(), *r)).chain(v.reservations.iter().map(|(r, why)| (r.name.clone(), *why))).collect()
+    }
+
+    #[test]
+    fn a_gone_pod_frees_its_entries_and_their_reservations() {
+        let h = held(vec![entry("192.0.2.1", "c1", "ns/a")], vec![reservation("192.0.2.1", "c1", "ns/a", 0)]);
+        let v = decide(&h, &view(&[]), RULES);
+        assert_eq!(reasons(&v), [("192.0.2.1".into(), Reason::PodGone), ("192.0.2.1".into(), Reason::PodGone)]);
+    }
+
+    #[test]
+    fn a_pending_pod_or_one_without_network_status_keeps_everything() {
+        let h = held(vec![entry("192.0.2.1", "c1", "ns/a")], vec![reservation("192.0.2.9", "c1", "ns/a", 10_000)]);
+        assert_eq!(reasons(&decide(&h, &view(&[("ns/a", pod(Phase::Pending, None))]), RULES)), []);
+        assert_eq!(reasons(&decide(&h, &view(&[("ns/a", pod(Phase::Running, None))]), RULES)), []);
+    }
+
+    #[test]
+    fn a_completed_pod_frees_after_the_grace() {
+        let h = held(vec![entry("192.0.2.1", "c1", "ns/a")], vec![]);
+        let done = |at| PodFacts { finished_at: Some(at), ..pod(Phase::Succeeded, None) };
+        assert_eq!(reasons(&decide(&h, &view(&[("ns/a", done(RULES.now - 59))]), RULES)), []);
+        assert_eq!(reasons(&decide(&h, &view(&[("ns/a", done(RULES.now - 60))]), RULES)), [("192.0.2.1".into(), Reason::PodCompleted)]);
+        let failed = PodFacts { phase: Phase::Failed, ..done(0) };
+        assert_eq!(reasons(&decide(&h, &view(&[("ns/a", failed)]), RULES)).len(), 1);
+    }
+
+    #[test]
+    fn a_pod_on_a_node_that_is_not_ready_keeps_everything() {
+        let h = held(vec![entry("192.0.2.1", "c1", "ns/a"), entry("192.0.2.2", "c2", "ns/a")], vec![]);
+        let done = PodFacts { finished_at: Some(0), ..pod(Phase::Failed, Some(&["192.0.2.2"])) };
+        let mut v = view(&[("ns/a", done)]);
+        v.ready.insert("node-1".into(), false);
+        assert_eq!(reasons(&decide(&h, &v, RULES)), []);
+        v.ready.clear();
+        assert_eq!(reasons(&decide(&h, &v, RULES)), [], "a node not listed is not known to be ready");
+    }
+
+    #[test]
+    fn a_re_created_sandbox_frees_the_entry_its_pod_no_longer_reports() {
+        let old = entry("192.0.2.1", "c1", "ns/a");
+        let new = entry("192.0.2.2", "c2", "ns/a");
+        let h = held(vec![old.clone(), new.clone()], vec![reservation("192.0.2.1", "c1", "ns/a", 0)]);
+        let running = pod(Phase::Running, Some(&["192.0.2.2"]));
+        assert_eq!(
+            reasons(&decide(&h, &view(&[("ns/a", running.clone())]), RULES)),
+            [("192.0.2.1".into(), Reason::SandboxReplaced), ("192.0.2.1".into(), Reason::SandboxReplaced)]
+        );
+        // Not unambiguous: no other entry of the pod holds a reported address,
+        // or the same container holds both.
+        assert_eq!(reasons(&decide(&held(vec![old.clone()], vec![]), &view(&[("ns/a", running.clone())]), RULES)), []);
+        let same_container = Entry { holder: Allocation { container_id: "c1".into(), ..new.holder.clone() }, ..new };
+        assert_eq!(reasons(&decide(&held(vec![old, same_container], vec![]), &view(&[("ns/a", running)]), RULES)), []);
+    }
+
+    #[test]
+    fn a_statefulset_pod_re_created_under_its_name_keeps_its_entry() {
+        // The old pod is gone; the new one (another UID) has not run its ADD,
+        // which will take the entry over.
+        let h = held(vec![entry("192.0.2.1", "c1", "ns/db-0")], vec![reservation("192.0.2.1", "c1", "ns/db-0", 0)]);
+        assert_eq!(reasons(&decide(&h, &view(&[("ns/db-0", pod(Phase::Pending, None))]), RULES)), []);
+        assert_eq!(reasons(&decide(&h, &view(&[("ns/db-0", pod(Phase::Running, Some(&["192.0.2.1"])))]), RULES)), []);
+    }
+
+    #[test]
+    fn an_empty_podref_is_reported_and_never_freed() {
+        let h = held(vec![entry("192.0.2.1", "c1", ""), entry("192.0.2.2", "c1", "no-slash")], vec![reservation("192.0.2.1", "c1", "", 10_000)]);
+        let v = decide(&h, &view(&[]), RULES);
+        assert_eq!((reasons(&v), v.without_podref.len()), (vec![], 2));
+    }
+
+    #[test]
+    fn a_reservation_without_an_entry_is_an_add_in_flight_until_proven_otherwise() {
+        let orip = |age| held(vec![], vec![reservation("192.0.2.9", "c1", "ns/a", age)]);
+        let running = pod(Phase::Running, Some(&["192.0.2.2"]));
+        assert_eq!(reasons(&decide(&orip(10), &view(&[("ns/a", running.clone())]), RULES)), [], "young: an ADD in flight");
+        assert_eq!(reasons(&decide(&orip(150), &view(&[("ns/a", running)]), RULES)), [("192.0.2.9".into(), Reason::OrphanReservation)]);
+        assert_eq!(reasons(&decide(&orip(150), &view(&[("ns/a", pod(Phase::Pending, None))]), RULES)), []);
+        assert_eq!(reasons(&decide(&orip(150), &view(&[("ns/a", pod(Phase::Running, Some(&["192.0.2.9"])))]), RULES)), []);
+        assert_eq!(reasons(&decide(&orip(0), &view(&[]), RULES)), [("192.0.2.9".into(), Reason::OrphanReservation)], "its pod is gone");
+    }
+
+    #[test]
+    fn a_live_entry_keeps_its_reservation() {
+        let h = held(vec![entry("192.0.2.1", "c1", "ns/a")], vec![reservation("blue-192.0.2.1", "c1", "ns/a", 10_000)]);
+        assert_eq!(reasons(&decide(&h, &view(&[("ns/a", pod(Phase::Running, Some(&["192.0.2.1"])))]), RULES)), []);
+    }
+}
