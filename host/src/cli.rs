@@ -1,6 +1,12 @@
 //! The command line beside CNI mode (used when `CNI_COMMAND` is not set):
-//! look at what a config would hand out, and at how full its pools are.
+//! look at what a config would hand out, and at how full its pools are; run
+//! the controller; and the reconciler's tools for a person at a terminal
+//! (`reconcile`, `release`, `pools --check`, logic in `controller/tools.rs`),
+//! which exit 0 when they find nothing, 1 when they find a problem and 2 when
+//! they fail, so that scripts can tell the three apart.
 
+use std::io::Write;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -9,6 +15,7 @@ use serde::Serialize;
 use thereabouts_allocator::model::{NormalizedConfig, PreviewTable};
 
 use crate::component::EngineComponent;
+use crate::controller::tools;
 use crate::json::pretty;
 use crate::placement::{Claims, Placement};
 use crate::{datastore, ipam, network_config};
@@ -23,7 +30,8 @@ use crate::{datastore, ipam, network_config};
         VERSION, GC, STATUS; spec 0.1.0 to 1.1.0) reading the network config on stdin. Install it \
         as /opt/cni/bin/thereabouts, or as /opt/cni/bin/whereabouts to replace whereabouts; \
         \"ipam\": {\"type\": \"thereabouts\"} and {\"type\": \"whereabouts\"} both work.\n\n\
-        Otherwise the commands below inspect a network config (a .conf or .conflist file).",
+        Otherwise the commands below inspect a network config (a .conf or .conflist file), run \
+        the cluster controller, or reconcile its shared datastore by hand.",
     arg_required_else_help = true
 )]
 pub struct Cli {
@@ -47,11 +55,81 @@ pub enum CliCommand {
         #[arg(long)]
         from_datastore: bool,
     },
-    /// Show usage of every range's pool in the configured datastore
+    /// Show usage of every range's pool in the configured datastore (with
+    /// --check: report what is inconsistent in it)
+    #[command(long_about = "Show usage of every range's pool in the configured datastore.\n\n\
+        With --check (kubernetes datastore): read every IPPool and OverlappingRangeIPReservation of \
+        the datastore's namespace, not only this config's, and report what is inconsistent: pools or \
+        keys that cannot be read, one address held by two attachments in overlapping pools of one \
+        network, entries without a reservation (when the config has enable_overlapping_ranges), \
+        reservations without an entry (an ADD in flight when young, a leak otherwise) and entries \
+        without a podref (never freed by the controller). Nothing is written.\n\n\
+        Exit status with --check: 0 nothing found, 1 something found, 2 the check failed.")]
     Pools {
         /// CNI network config (.conf) or config list (.conflist)
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// Check the whole datastore for inconsistencies instead of showing usage
+        #[arg(long)]
+        check: bool,
+    },
+    /// Run one full reconcile pass now: list (--dry-run) or free the addresses
+    /// of pods that are gone
+    #[command(long_about = "Run one full reconcile pass of the controller now, on the shared datastore of a \
+        network config (kubernetes): read every pool entry and reservation, then every pod and node, \
+        and decide, as the controller does, which addresses to give back and why.\n\n\
+        With --dry-run nothing is written: the addresses it would free are listed. Without it they are \
+        freed, with the controller's guarded writes (an entry or reservation that changed since it was \
+        read is left, and reported) but without its leader election: running it beside the controller \
+        is safe, each leaves what the other freed. Entries without a podref are listed; they are never \
+        freed.\n\n\
+        Exit status: 0 nothing to free, 1 it would free (or freed) something, or something changed \
+        meanwhile, 2 the pass failed (the apiserver unreachable, a permission missing...).")]
+    Reconcile {
+        /// CNI network config (.conf) or config list (.conflist) naming the datastore
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// List what it would free, write nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// kubeconfig of an identity that may list pods and nodes (and record
+        /// Events); default: the datastore's kubeconfig
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// Seconds a completed (Succeeded or Failed) pod keeps its addresses
+        #[arg(long, default_value_t = 60)]
+        completed_grace_seconds: u64,
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Free a pod's or an address's pool entries and reservations by hand
+    #[command(
+        long_about = "Free by hand the pool entries of a pod (--pod) or of an address (--address), and their \
+        reservations (for --pod, every reservation of the pod), with the controller's guarded writes: an \
+        entry or reservation that changed since it was read is left, and reported. Whether the pod still \
+        exists is not asked: you decided. An address held by two attachments needs --pool.\n\n\
+        Exit status: 0 something was freed, 1 nothing matched or something changed meanwhile, 2 an error.",
+        group(clap::ArgGroup::new("target").required(true).args(["pod", "address"]))
+    )]
+    Release {
+        /// CNI network config (.conf) or config list (.conflist) naming the datastore
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// Every entry of this pod
+        #[arg(long, value_name = "NS/NAME", value_parser = tools::parse_podref)]
+        pod: Option<String>,
+        /// The entries holding this address
+        #[arg(long, value_name = "IP")]
+        address: Option<IpAddr>,
+        /// Only in this IPPool (with --address)
+        #[arg(long, value_name = "NAME", requires = "address")]
+        pool: Option<String>,
+        /// kubeconfig of the identity that records an Event on the pod for
+        /// each freed address; default: the datastore's kubeconfig
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
         #[arg(long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -85,6 +163,10 @@ pub enum CliCommand {
         /// Seconds a completed (Succeeded or Failed) pod keeps its addresses
         #[arg(long, default_value_t = 60)]
         completed_grace_seconds: u64,
+        /// A network config (or flat file) whose etcd datastore the reconciler
+        /// serves too, besides the namespace's IPPools (repeatable)
+        #[arg(long = "etcd-config", value_name = "FILE")]
+        etcd_configs: Vec<PathBuf>,
         /// Where /metrics, /healthz and /readyz are served ("" for nowhere)
         #[arg(long, default_value = crate::controller::http::DEFAULT_ADDRESS)]
         metrics_address: String,
@@ -111,7 +193,20 @@ pub enum Output {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         CliCommand::Preview { config, pods, output, from_datastore } => preview(&config, pods, output, from_datastore),
-        CliCommand::Pools { config, output } => pools(&config, output),
+        CliCommand::Pools { config, output, check: false } => pools(&config, output),
+        CliCommand::Pools { config, output, check: true } => finish(check(&config, output)),
+        CliCommand::Reconcile { config, dry_run, kubeconfig, completed_grace_seconds, output } => {
+            let grace = std::time::Duration::from_secs(completed_grace_seconds);
+            finish(reconcile(&config, dry_run, kubeconfig.as_deref(), grace, output))
+        }
+        CliCommand::Release { config, pod, address, pool, kubeconfig, output } => {
+            let target = match (pod, address) {
+                (Some(podref), _) => tools::Target::Pod(podref),
+                (None, Some(address)) => tools::Target::Address { address, pool },
+                (None, None) => anyhow::bail!("name what to release: --pod or --address"),
+            };
+            finish(release(&config, &target, kubeconfig.as_deref(), output))
+        }
         CliCommand::Controller {
             kubeconfig,
             namespace,
@@ -121,6 +216,7 @@ pub fn run(cli: Cli) -> Result<()> {
             cool_down_seconds,
             reconcile_interval_seconds,
             completed_grace_seconds,
+            etcd_configs,
             metrics_address,
             once,
             log_level,
@@ -136,6 +232,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 cool_down: std::time::Duration::from_secs(cool_down_seconds),
                 reconcile_interval: std::time::Duration::from_secs(reconcile_interval_seconds),
                 completed_grace: std::time::Duration::from_secs(completed_grace_seconds),
+                etcd_configs,
                 metrics_address,
                 once,
             })
@@ -297,6 +394,129 @@ fn pools(path: &Path, output: Output) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Ends a tool with its exit status: 0 (nothing found) returns, 1 (a
+/// problem found) and 2 (the tool failed) exit here, as `main` knows only 0 and 1.
+fn finish(outcome: Result<u8>) -> Result<()> {
+    let code = match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            2
+        }
+    };
+    if code == 0 {
+        return Ok(());
+    }
+    let _ = std::io::stdout().flush();
+    std::process::exit(code.into())
+}
+
+/// The config's datastore settings and overlap switch, read the way `pools` reads them.
+fn tool_config(path: &Path) -> Result<NormalizedConfig> {
+    let mut engine = EngineComponent::load()?;
+    load_config(&mut engine, path)
+}
+
+fn reconcile(path: &Path, dry: bool, kubeconfig: Option<&Path>, grace: std::time::Duration, output: Output) -> Result<u8> {
+    let config = tool_config(path)?;
+    let identity = "cli-reconcile";
+    let report = tools::block_on(async {
+        let (store, pods) = tools::open(&config, kubeconfig, identity).await?;
+        tools::reconcile(store, pods, dry, grace, identity).await
+    })?;
+    match output {
+        Output::Json => print!("{}", pretty(&report)),
+        Output::Table => print_reconcile(&report),
+    }
+    Ok(report.exit_code())
+}
+
+fn entry_rows(header: &str, entries: &[tools::EntryRow], outcome: impl Fn(usize) -> String) -> Vec<Vec<String>> {
+    let mut rows = vec![vec!["ADDRESS".to_string(), "POOL".into(), "PODREF".into(), "IFNAME".into(), header.into()]];
+    rows.extend(entries.iter().enumerate().map(|(i, e)| vec![e.address.clone(), e.pool.clone(), e.podref.clone(), e.ifname.clone(), outcome(i)]));
+    rows
+}
+
+fn reservation_rows(header: &str, reservations: &[(String, String, String)]) -> Vec<Vec<String>> {
+    let mut rows = vec![vec!["RESERVATION".to_string(), "PODREF".into(), header.into()]];
+    rows.extend(reservations.iter().map(|(name, podref, outcome)| vec![name.clone(), podref.clone(), outcome.clone()]));
+    rows
+}
+
+fn print_reconcile(report: &tools::ReconcileReport) {
+    let verb = if report.dry_run { "would free" } else { "freed" };
+    println!("{}; {} pods read", report.datastore, report.pods_read);
+    let entries = &report.entries;
+    println!("{verb} {} entries, {} reservations", entries.len(), report.reservations.len());
+    if !entries.is_empty() {
+        print!("{}", table(&entry_rows("WHY", entries, |i| format!("{} ({})", entries[i].why, entries[i].reason))));
+    }
+    if !report.reservations.is_empty() {
+        let rows: Vec<_> = report.reservations.iter().map(|r| (r.name.clone(), r.podref.clone(), format!("{} ({})", r.why, r.reason))).collect();
+        print!("{}", table(&reservation_rows("WHY", &rows)));
+    }
+    if report.changed_meanwhile > 0 {
+        println!("{} changed between the read and the write: left for the next pass", report.changed_meanwhile);
+    }
+    if !report.without_podref.is_empty() {
+        println!("{} entries without a podref, never freed:", report.without_podref.len());
+        let rows = entry_rows("CONTAINER", &report.without_podref, |i| report.without_podref[i].container_id.clone());
+        print!("{}", table(&rows));
+    }
+}
+
+fn release(path: &Path, target: &tools::Target, kubeconfig: Option<&Path>, output: Output) -> Result<u8> {
+    let config = tool_config(path)?;
+    let identity = "cli-release";
+    let report = tools::block_on(async {
+        let (store, events) = tools::open(&config, kubeconfig, identity).await?;
+        tools::release(&store, events, target, identity).await
+    })?;
+    match output {
+        Output::Json => print!("{}", pretty(&report)),
+        Output::Table => {
+            println!("{}", report.datastore);
+            if report.entries.is_empty() && report.reservations.is_empty() {
+                println!("nothing matched");
+            }
+            if !report.entries.is_empty() {
+                let entries: Vec<_> = report.entries.iter().map(|e| e.what.clone()).collect();
+                print!("{}", table(&entry_rows("OUTCOME", &entries, |i| report.entries[i].outcome.label().into())));
+            }
+            if !report.reservations.is_empty() {
+                let rows: Vec<_> = report.reservations.iter().map(|r| (r.what.name.clone(), r.what.podref.clone(), r.outcome.label().into())).collect();
+                print!("{}", table(&reservation_rows("OUTCOME", &rows)));
+            }
+        }
+    }
+    Ok(report.exit_code())
+}
+
+fn check(path: &Path, output: Output) -> Result<u8> {
+    let config = tool_config(path)?;
+    let report = tools::block_on(async {
+        let (store, _) = tools::open_store(&config, "cli-check").await?;
+        tools::check_store(&store, config.enable_overlapping_ranges).await
+    })?;
+    match output {
+        Output::Json => print!("{}", pretty(&report)),
+        Output::Table => {
+            println!("{}; {} pools, {} entries, {} reservations", report.datastore, report.pools, report.entries, report.reservations);
+            if report.findings.is_empty() {
+                println!("no problems found");
+            } else {
+                let mut rows = vec![vec!["PROBLEM".to_string(), "ADDRESS".into(), "WHERE".into(), "PODREF".into(), "DETAIL".into()]];
+                rows.extend(report.findings.iter().map(|f| {
+                    let dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
+                    vec![f.problem.label().into(), f.address.clone().unwrap_or_else(|| "-".into()), dash(&f.place), dash(&f.podref), f.detail.clone()]
+                }));
+                print!("{}", table(&rows));
+            }
+        }
+    }
+    Ok(report.exit_code())
 }
 
 /// Left-aligned columns separated by two spaces.

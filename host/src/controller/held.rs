@@ -22,6 +22,8 @@ pub struct Entry {
     pub key: String,
     /// The `id` member exactly as stored: what a removal tests.
     pub id: Value,
+    /// The pool's version when read (`resourceVersion`, or etcd's `mod_revision`).
+    pub pool_version: String,
 }
 
 /// One `OverlappingRangeIPReservation` (or etcd reservation key).
@@ -107,6 +109,34 @@ impl Reservation {
     }
 }
 
+/// Entries by the reservation-name part of their address: which entries a
+/// reservation may back, without comparing every reservation with every
+/// entry (50 000 of each in a large cluster).
+pub struct EntryIndex<'a> {
+    by_suffix: std::collections::HashMap<String, Vec<&'a Entry>>,
+}
+
+impl<'a> EntryIndex<'a> {
+    pub fn new(entries: impl IntoIterator<Item = &'a Entry>) -> Self {
+        let mut by_suffix: std::collections::HashMap<String, Vec<&'a Entry>> = std::collections::HashMap::new();
+        for e in entries {
+            by_suffix.entry(reservation_suffix(e.address)).or_default().push(e);
+        }
+        EntryIndex { by_suffix }
+    }
+
+    /// The entries `r` backs ([`Reservation::backs`]).
+    pub fn backed_by<'r>(&'r self, r: &'r Reservation) -> impl Iterator<Item = &'a Entry> + 'r {
+        // The name is `<suffix>` or `<network>-<suffix>`: every tail after a `-` is a candidate.
+        let tails = std::iter::once(r.name.as_str()).chain(r.name.match_indices('-').map(|(i, _)| &r.name[i + 1..]));
+        tails.filter_map(|t| self.by_suffix.get(t)).flatten().copied().filter(|e| r.backs(e))
+    }
+
+    pub fn is_backed(&self, r: &Reservation) -> bool {
+        self.backed_by(r).next().is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,9 +177,14 @@ mod tests {
             holder: Allocation { offset: 1, container_id: "c2".into(), pod_ref: podref.into(), ifname: ifname.into() },
             key: "1".into(),
             id: Value::Null,
+            pool_version: String::new(),
         };
         assert!(reservation("blue-192.0.2.1", "ns/a").backs(&entry("ns/a", "net1")));
         assert!(!reservation("blue-192.0.2.1", "ns/a").backs(&entry("ns/b", "net1")));
         assert!(!reservation("blue-192.0.2.1", "ns/a").backs(&entry("ns/a", "net2")));
+        let (mine, other) = (entry("ns/a", "net1"), entry("ns/b", "net1"));
+        let index = EntryIndex::new([&mine, &other]);
+        assert_eq!(index.backed_by(&reservation("blue-192.0.2.1", "ns/a")).collect::<Vec<_>>(), [&mine]);
+        assert!(index.is_backed(&reservation("192.0.2.1", "ns/b")) && !index.is_backed(&reservation("192.0.2.2", "ns/a")));
     }
 }

@@ -38,7 +38,16 @@ pub struct KubeStore {
 }
 
 impl KubeStore {
+    /// Everything the namespace holds; nothing where the CRDs are not
+    /// installed (a cluster on the etcd datastore).
     pub async fn read(&self) -> Result<Holdings, ApiError> {
+        match self.read_all().await {
+            Err(e) if e.code() == Some(404) => Ok(Holdings::default()),
+            read => read,
+        }
+    }
+
+    async fn read_all(&self) -> Result<Holdings, ApiError> {
         let mut held = Holdings::default();
         let mut failures = Vec::new();
         self.api
@@ -126,7 +135,7 @@ fn add_pool(held: &mut Holdings, name: &str, pool: &PoolObject) {
         name: name.to_string(),
         range: range.clone(),
         capacity: capacity_of(&range),
-        entries: pool.entries.len() as u128,
+        entries: 0,
         without_podref: 0,
         unreadable: pool.unparsable.clone(),
     };
@@ -135,6 +144,7 @@ fn add_pool(held: &mut Holdings, name: &str, pool: &PoolObject) {
             summary.unreadable.push(format!("offset {} is outside {range:?}", a.offset));
             continue;
         };
+        summary.entries += 1;
         if !a.pod_ref.contains('/') {
             summary.without_podref += 1;
         }
@@ -144,6 +154,7 @@ fn add_pool(held: &mut Holdings, name: &str, pool: &PoolObject) {
             holder: a.clone(),
             key: pool.keys.get(&a.offset).cloned().unwrap_or_else(|| a.offset.to_string()),
             id: pool.ids.get(&a.offset).cloned().unwrap_or(Value::Null),
+            pool_version: pool.resource_version.clone(),
         });
     }
     held.pools.push(summary);

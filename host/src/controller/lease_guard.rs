@@ -28,6 +28,7 @@ pub enum NotLeading {
 }
 
 /// Who may write: the Lease's holder, or anyone (`--once`, the CLI).
+#[derive(Clone)]
 pub enum WriteGuard {
     Lease { api: Api, namespace: String, identity: String },
     Unguarded,

@@ -3,7 +3,7 @@
 //! methods on a shared [`Metrics`] and `/metrics` (`http.rs`) only calls
 //! [`Metrics::encode`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,8 +17,15 @@ use prometheus_client::registry::{Registry, Unit};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolState {
+    datastore: String,
     pool: String,
     state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    datastore: String,
+    pool: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -36,7 +43,6 @@ macro_rules! one_label {
         }
     };
 }
-one_label!(PoolLabel, pool);
 one_label!(ReasonLabel, reason);
 one_label!(KindLabel, kind);
 one_label!(ClassLabel, class);
@@ -62,7 +68,7 @@ struct Inner {
     leader: Gauge,
     // The families cannot list their label sets, so the pools last reported are kept here to
     // drop the ones that went away.
-    known_pools: Mutex<BTreeSet<String>>,
+    known_pools: Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
 /// The controller's metrics; cheap to clone (one shared registry).
@@ -107,34 +113,36 @@ impl Metrics {
             pass_duration,
             api_errors,
             leader,
-            known_pools: Mutex::new(BTreeSet::new()),
+            known_pools: Mutex::new(BTreeMap::new()),
         };
         Metrics { inner: Arc::new(inner) }
     }
 
-    /// Reports these pools, `(pool, capacity, allocated, entries without podref)`, and forgets
-    /// every pool not in the list.
-    pub fn set_pools(&self, pools: &[(String, u128, u128, u64)]) {
+    /// Reports the pools of `datastore` (`kubernetes` or `etcd`), `(pool, capacity, allocated,
+    /// entries without podref)`, and forgets every pool of it not in the list.
+    pub fn set_pools(&self, datastore: &str, pools: &[(String, u128, u128, u64)]) {
         let inner = &self.inner;
         // A panic elsewhere while holding the lock leaves the set intact: keep using it.
         let mut known = inner.known_pools.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let current: BTreeSet<String> = pools.iter().map(|(pool, ..)| pool.clone()).collect();
-        for gone in known.difference(&current) {
-            for state in STATES {
-                inner.pool_addresses.remove(&PoolState { pool: gone.clone(), state });
+        let label = |pool: &str| PoolLabel { datastore: datastore.to_string(), pool: pool.to_string() };
+        let state = |pool: &str, state| PoolState { datastore: datastore.to_string(), pool: pool.to_string(), state };
+        for gone in known.get(datastore).into_iter().flat_map(|k| k.difference(&current)) {
+            for s in STATES {
+                inner.pool_addresses.remove(&state(gone, s));
             }
-            inner.pool_entries_without_podref.remove(&PoolLabel { pool: gone.clone() });
+            inner.pool_entries_without_podref.remove(&label(gone));
         }
         for (pool, capacity, allocated, without_podref) in pools {
             let free = capacity.saturating_sub(*allocated);
             // u128 as f64 rounds to nearest and cannot overflow (2^128 < f64::MAX).
-            for (state, value) in [("capacity", *capacity), ("allocated", *allocated), ("free", free)] {
-                inner.pool_addresses.get_or_create(&PoolState { pool: pool.clone(), state }).set(value as f64);
+            for (s, value) in [("capacity", *capacity), ("allocated", *allocated), ("free", free)] {
+                inner.pool_addresses.get_or_create(&state(pool, s)).set(value as f64);
             }
             let without_podref = i64::try_from(*without_podref).unwrap_or(i64::MAX);
-            inner.pool_entries_without_podref.get_or_create(&PoolLabel { pool: pool.clone() }).set(without_podref);
+            inner.pool_entries_without_podref.get_or_create(&label(pool)).set(without_podref);
         }
-        *known = current;
+        known.insert(datastore.to_string(), current);
     }
 
     pub fn freed(&self, reason: &str) {
@@ -208,21 +216,24 @@ mod tests {
     #[test]
     fn pools_are_set_and_dropped() {
         let metrics = Metrics::new();
-        metrics.set_pools(&[("10.0.0.0-24".to_string(), 256, 10, 1), ("fd00---64".to_string(), 1 << 64, 3, 0)]);
+        metrics.set_pools("kubernetes", &[("192.0.2.0-24".to_string(), 254, 10, 1), ("2001-db8---64".to_string(), 1 << 64, 3, 0)]);
+        metrics.set_pools("etcd", &[("198.51.100.0-24".to_string(), 254, 1, 0)]);
         let text = metrics.encode();
-        assert!(text.contains("thereabouts_pool_addresses{pool=\"10.0.0.0-24\",state=\"capacity\"} 256.0\n"), "{text}");
-        assert!(text.contains("thereabouts_pool_addresses{pool=\"10.0.0.0-24\",state=\"allocated\"} 10.0\n"), "{text}");
-        assert!(text.contains("thereabouts_pool_addresses{pool=\"10.0.0.0-24\",state=\"free\"} 246.0\n"), "{text}");
-        assert!(text.contains("thereabouts_pool_entries_without_podref{pool=\"10.0.0.0-24\"} 1\n"), "{text}");
-        assert!(text.contains("pool=\"fd00---64\",state=\"capacity\"}"), "{text}");
+        let pool = r#"datastore="kubernetes",pool="192.0.2.0-24""#;
+        assert!(text.contains(&format!("thereabouts_pool_addresses{{{pool},state=\"capacity\"}} 254.0\n")), "{text}");
+        assert!(text.contains(&format!("thereabouts_pool_addresses{{{pool},state=\"allocated\"}} 10.0\n")), "{text}");
+        assert!(text.contains(&format!("thereabouts_pool_addresses{{{pool},state=\"free\"}} 244.0\n")), "{text}");
+        assert!(text.contains(&format!("thereabouts_pool_entries_without_podref{{{pool}}} 1\n")), "{text}");
+        assert!(text.contains("pool=\"2001-db8---64\",state=\"capacity\"}"), "{text}");
 
-        metrics.set_pools(&[("fd00---64".to_string(), u128::MAX, u128::MAX, u64::MAX)]);
+        metrics.set_pools("kubernetes", &[("2001-db8---64".to_string(), u128::MAX, u128::MAX, u64::MAX)]);
         let text = metrics.encode();
-        assert!(!text.contains("10.0.0.0-24"), "{text}");
-        assert!(text.contains("thereabouts_pool_addresses{pool=\"fd00---64\",state=\"free\"} 0.0\n"), "{text}");
-        assert!(text.contains(&format!("thereabouts_pool_entries_without_podref{{pool=\"fd00---64\"}} {}\n", i64::MAX)), "{text}");
+        assert!(!text.contains("192.0.2.0-24") && text.contains("198.51.100.0-24"), "another datastore's pools stay: {text}");
+        assert!(text.contains("pool=\"2001-db8---64\",state=\"free\"} 0.0\n"), "{text}");
+        assert!(text.contains(&format!("pool=\"2001-db8---64\"}} {}\n", i64::MAX)), "{text}");
 
-        metrics.set_pools(&[]);
+        metrics.set_pools("kubernetes", &[]);
+        metrics.set_pools("etcd", &[]);
         assert!(!metrics.encode().contains("pool="));
     }
 

@@ -13,17 +13,21 @@
 //! `/metrics`, `/healthz` and `/readyz` are served on `--metrics-address`.
 
 mod api;
-mod held;
+mod etcd_store;
+mod events;
+pub mod held;
 pub mod http;
 mod kube_store;
 mod layout;
-mod lease_guard;
+pub mod lease_guard;
 pub mod metrics;
 mod pod_source;
 mod pods;
 pub mod reconcile;
 mod slice_pass;
-mod verdict;
+pub mod store;
+pub mod tools;
+pub mod verdict;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -60,6 +64,8 @@ pub struct Options {
     pub reconcile_interval: Duration,
     /// How long a completed pod keeps its addresses.
     pub completed_grace: Duration,
+    /// Network configs (or flat files) of etcd datastores to reconcile too.
+    pub etcd_configs: Vec<PathBuf>,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; none when empty.
     pub metrics_address: String,
     /// One pass of each loop, without leader election, then exit (for scripts and tests).
@@ -69,6 +75,13 @@ pub struct Options {
 /// How long a reservation without its pool entry may be an ADD in flight:
 /// the plugin's ADD budget (120 s) and a margin.
 pub const ADD_BUDGET: Duration = Duration::from_secs(150);
+
+/// How long a pod delete waits for the deletes that come with it.
+const DELETE_BATCH: Duration = Duration::from_millis(200);
+
+/// When a failed pass is tried again (as a full pass: a delete whose pass
+/// failed is otherwise seen by no one until the next interval).
+const RETRY_FAILED_PASS: Duration = Duration::from_secs(5);
 
 /// `192.0.2.7/24` → `192.0.2.0/24`; `None` when not a CIDR.
 pub fn canonical_cidr(text: &str) -> Option<String> {
@@ -97,19 +110,23 @@ pub async fn client(kubeconfig_path: Option<&std::path::Path>, identity: &str) -
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
-/// The reconciler of the namespace's Kubernetes datastore.
+/// The Kubernetes datastore of `namespace`, read and written with `client`.
+pub fn kube_store(client: kube::Client, metrics: &metrics::Metrics, namespace: &str) -> store::Store {
+    store::Store::Kube(kube_store::KubeStore { api: api::Api { client, metrics: metrics.clone() }, namespace: namespace.to_string() })
+}
+
+/// A reconciler of `store`, reading pods with `client`.
 pub fn reconciler(
     client: kube::Client,
     metrics: metrics::Metrics,
-    namespace: &str,
+    store: store::Store,
     identity: &str,
     guard: lease_guard::WriteGuard,
     completed_grace: Duration,
 ) -> reconcile::Reconciler {
-    let api = api::Api { client, metrics: metrics.clone() };
     reconcile::Reconciler {
-        store: kube_store::KubeStore { api: api.clone(), namespace: namespace.to_string() },
-        api,
+        api: api::Api { client, metrics: metrics.clone() },
+        store,
         metrics,
         guard,
         completed_grace,
@@ -133,7 +150,7 @@ async fn serve(options: Options) -> Result<()> {
         let listener = http::bind(&options.metrics_address).await.with_context(|| format!("listening on {}", options.metrics_address))?;
         tokio::spawn(http::serve(listener, metrics.clone(), health.clone()));
     }
-    let mut slices = slice_pass::SlicePass::new(client.clone(), &options)?;
+    let mut engine = crate::component::EngineComponent::load()?;
     let guard = match options.once {
         true => lease_guard::WriteGuard::Unguarded,
         false => lease_guard::WriteGuard::Lease {
@@ -142,10 +159,18 @@ async fn serve(options: Options) -> Result<()> {
             identity: options.identity.clone(),
         },
     };
-    let reconciler = reconciler(client.clone(), metrics.clone(), &options.namespace, &options.identity, guard, options.completed_grace);
+    let mut stores = vec![kube_store(client.clone(), &metrics, &options.namespace)];
+    for path in &options.etcd_configs {
+        stores.push(etcd_store_of(&mut engine, path).await?);
+    }
+    let mut slices = slice_pass::SlicePass::new(client.clone(), &options, engine);
+    let reconcilers: Vec<reconcile::Reconciler> =
+        stores.into_iter().map(|store| reconciler(client.clone(), metrics.clone(), store, &options.identity, guard.clone(), options.completed_grace)).collect();
     if options.once {
         slices.run().await?;
-        reconciler.pass(&reconcile::Scope::Full, false).await?;
+        for r in &reconcilers {
+            r.pass(&reconcile::Scope::Full, false).await?;
+        }
         return Ok(());
     }
     let (trigger, mut triggered) = mpsc::channel::<()>(1);
@@ -181,8 +206,9 @@ async fn serve(options: Options) -> Result<()> {
                 next_slices = Instant::now() + options.resync;
             }
             if Instant::now() >= next_full {
-                run_pass(&reconciler, &reconcile::Scope::Full).await;
-                next_full = Instant::now() + options.reconcile_interval;
+                // A failed pass (the apiserver away, a lost Lease) is tried again soon.
+                let ok = run_passes(&reconcilers, &reconcile::Scope::Full).await;
+                next_full = Instant::now() + if ok { options.reconcile_interval } else { options.reconcile_interval.min(RETRY_FAILED_PASS) };
             }
             tokio::select! {
                 _ = triggered.recv() => {
@@ -192,8 +218,15 @@ async fn serve(options: Options) -> Result<()> {
                     next_slices = Instant::now();
                 }
                 Some(event) = pod_events_rx.recv() => {
+                    // Pods deleted together (a node drained, a namespace
+                    // removed) make one pass, which reads the pools once.
+                    tokio::time::sleep(DELETE_BATCH).await;
                     match collect_deletes(event, &mut pod_events_rx) {
-                        Some(pods) => run_pass(&reconciler, &reconcile::Scope::Pods(pods)).await,
+                        Some(pods) => {
+                            if !run_passes(&reconcilers, &reconcile::Scope::Pods(pods)).await {
+                                next_full = next_full.min(Instant::now() + RETRY_FAILED_PASS);
+                            }
+                        }
                         None => next_full = Instant::now(),
                     }
                 }
@@ -206,10 +239,28 @@ async fn serve(options: Options) -> Result<()> {
     }
 }
 
-async fn run_pass(reconciler: &reconcile::Reconciler, scope: &reconcile::Scope) {
-    if let Err(e) = reconciler.pass(scope, false).await {
-        crate::logging::error(format!("controller: {} reconcile pass failed: {e:#}", scope.kind()));
+/// Whether every pass succeeded.
+async fn run_passes(reconcilers: &[reconcile::Reconciler], scope: &reconcile::Scope) -> bool {
+    let mut ok = true;
+    for r in reconcilers {
+        if let Err(e) = r.pass(scope, false).await {
+            crate::logging::error(format!("controller: {} reconcile pass of {} failed: {e:#}", scope.kind(), r.store.describe()));
+            ok = false;
+        }
     }
+    ok
+}
+
+/// The etcd datastore a network config (or flat file) names.
+pub async fn etcd_store_of(engine: &mut crate::component::EngineComponent, path: &std::path::Path) -> Result<store::Store> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let (config, _) = crate::network_config::load(engine, &text, "").with_context(|| format!("in {}", path.display()))?;
+    if config.datastore.kind.as_deref() != Some("etcd") {
+        anyhow::bail!("{}: its datastore is not etcd", path.display());
+    }
+    Ok(store::Store::Etcd(Box::new(
+        etcd_store::EtcdStore::connect(&config.datastore).await.with_context(|| format!("connecting to the etcd of {}", path.display()))?,
+    )))
 }
 
 /// The deletes already queued with `first`, as one set; `None` when a

@@ -7,18 +7,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
-use http::Method;
-use serde_json::json;
+use super::api::Api;
+use futures_util::future::join_all;
 
-use super::api::{Api, percent};
-use super::held::{Entry, Holdings, Reservation};
-use super::kube_store::{KubeStore, Written};
+use super::held::{Entry, EntryIndex, Holdings, Reservation};
+use super::kube_store::Written;
 use super::lease_guard::WriteGuard;
 use super::metrics::Metrics;
 use super::pod_source::PodsAt;
+use super::store::Store;
 use super::verdict::{self, Reason, Rules, Verdict};
 use crate::logging;
+use anyhow::{Context, Result};
 
 /// Which entries a pass looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,9 +49,15 @@ pub struct Report {
     pub pods_read: usize,
 }
 
+/// Writes sent together after one check of the Lease: a replica that loses
+/// its Lease stops before the next batch (this one is on its way).
+pub const WRITES_AT_ONCE: usize = 4;
+/// Events posted together.
+const EVENTS_AT_ONCE: usize = 16;
+
 pub struct Reconciler {
     pub api: Api,
-    pub store: KubeStore,
+    pub store: Store,
     pub metrics: Metrics,
     pub guard: WriteGuard,
     pub completed_grace: Duration,
@@ -77,7 +83,7 @@ impl Reconciler {
         }
         if let Scope::Full = scope {
             let pools: Vec<_> = held.pools.iter().map(|p| (p.name.clone(), p.capacity, p.entries, p.without_podref)).collect();
-            self.metrics.set_pools(&pools);
+            self.metrics.set_pools(self.store.kind(), &pools);
         }
         let pods = match scope {
             Scope::Full => PodsAt::all(&self.api).await.context("listing pods")?,
@@ -102,77 +108,72 @@ impl Reconciler {
         Ok(report)
     }
 
+    /// Frees what `verdict` names: the pools' entries, then the reservations,
+    /// in batches of [`WRITES_AT_ONCE`] concurrent writes, each batch sent
+    /// right after the write guard said this replica may write; then records
+    /// the Events (not on the way to freeing anything).
     async fn free(&self, verdict: Verdict, held: &Holdings, report: &mut Report) -> Result<()> {
         let mut by_pool: BTreeMap<&str, Vec<&(Entry, Reason)>> = BTreeMap::new();
         for freed in &verdict.entries {
             by_pool.entry(freed.0.pool.as_str()).or_default().push(freed);
         }
+        let by_pool: Vec<(&str, Vec<&(Entry, Reason)>)> = by_pool.into_iter().collect();
         // Entries whose removal did not happen keep their reservations.
         let mut kept: Vec<&Entry> = Vec::new();
-        for (pool, freed) in by_pool {
+        let mut events = Vec::new();
+        for batch in by_pool.chunks(WRITES_AT_ONCE) {
             self.guard.check().await.context("before removing entries")?;
-            let entries: Vec<&Entry> = freed.iter().map(|(e, _)| e).collect();
-            let written = self.store.remove_entries(pool, &entries).await.with_context(|| format!("removing entries of IPPool {pool}"))?;
-            for ((entry, reason), w) in freed.iter().zip(written) {
-                match w {
+            let writes = batch.iter().map(|(pool, freed)| {
+                let entries: Vec<&Entry> = freed.iter().map(|(e, _)| e).collect();
+                async move { self.store.remove_entries(pool, &entries).await.with_context(|| format!("removing entries of IPPool {pool}")) }
+            });
+            for ((pool, freed), written) in batch.iter().zip(join_all(writes).await) {
+                for ((entry, reason), w) in freed.iter().zip(written?) {
+                    match w {
+                        Written::Done => {
+                            let place = format!("IPPool {pool}");
+                            logging::verbose(format!("controller: freed {} of pod {} in {place} ({})", entry.address, entry.holder.pod_ref, reason.describe()));
+                            self.metrics.freed(reason.label());
+                            events.push((entry.holder.pod_ref.clone(), entry.address.to_string(), place, *reason));
+                            report.entries.push((entry.clone(), *reason));
+                        }
+                        Written::ChangedMeanwhile => {
+                            report.changed_meanwhile += 1;
+                            kept.push(entry);
+                        }
+                    }
+                }
+            }
+        }
+        let kept = EntryIndex::new(kept);
+        let all = EntryIndex::new(&held.entries);
+        let reservations: Vec<(Reservation, Reason)> = verdict.reservations.into_iter().filter(|(r, _)| !kept.is_backed(r)).collect();
+        for batch in reservations.chunks(WRITES_AT_ONCE) {
+            self.guard.check().await.context("before deleting reservations")?;
+            let deletes =
+                batch.iter().map(|(r, _)| async move { self.store.delete_reservation(r).await.with_context(|| format!("deleting reservation {}", r.name)) });
+            for ((r, reason), written) in batch.iter().zip(join_all(deletes).await) {
+                match written? {
                     Written::Done => {
-                        self.freed(&entry.holder.pod_ref, &entry.address.to_string(), &format!("IPPool {pool}"), *reason).await;
-                        report.entries.push((entry.clone(), *reason));
+                        logging::verbose(format!("controller: freed reservation {} of {} ({})", r.name, r.podref, reason.describe()));
+                        // An entry freed above already counted the address.
+                        if !all.is_backed(r) {
+                            self.metrics.freed(reason.label());
+                        }
+                        report.reservations.push((r.clone(), *reason));
                     }
-                    Written::ChangedMeanwhile => {
-                        report.changed_meanwhile += 1;
-                        kept.push(entry);
-                    }
+                    Written::ChangedMeanwhile => report.changed_meanwhile += 1,
                 }
             }
         }
-        for (r, reason) in verdict.reservations {
-            if kept.iter().any(|e| r.backs(e)) {
-                continue;
-            }
-            self.guard.check().await.context("before deleting a reservation")?;
-            match self.store.delete_reservation(&r).await.with_context(|| format!("deleting reservation {}", r.name))? {
-                Written::Done => {
-                    logging::verbose(format!("controller: freed reservation {} of {} ({})", r.name, r.podref, reason.describe()));
-                    // An entry freed above already counted the address.
-                    if !held.entries.iter().any(|e| r.backs(e)) {
-                        self.metrics.freed(reason.label());
-                    }
-                    report.reservations.push((r, reason));
+        for batch in events.chunks(EVENTS_AT_ONCE) {
+            let posts = batch.iter().map(|(podref, address, place, reason)| async move {
+                if let Err(e) = super::events::record_freed(&self.api, podref, address, place, *reason, &self.identity).await {
+                    logging::error(format!("controller: cannot record the Event for {address} of {podref}: {e}"));
                 }
-                Written::ChangedMeanwhile => report.changed_meanwhile += 1,
-            }
+            });
+            join_all(posts).await;
         }
-        Ok(())
-    }
-
-    /// The log line, the metric and the Event of one freed address.
-    async fn freed(&self, podref: &str, address: &str, place: &str, reason: Reason) {
-        logging::verbose(format!("controller: freed {address} of pod {podref} in {place} ({})", reason.describe()));
-        self.metrics.freed(reason.label());
-        if let Err(e) = self.event(podref, address, place, reason).await {
-            logging::error(format!("controller: cannot record the Event for {address} of {podref}: {e}"));
-        }
-    }
-
-    async fn event(&self, podref: &str, address: &str, place: &str, reason: Reason) -> Result<()> {
-        let Some((namespace, name)) = podref.split_once('/') else { return Ok(()) };
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let time = rfc3339(now);
-        let event = json!({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": format!("{name}."), "namespace": namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
-            "reason": "IPAddressGarbageCollected",
-            "message": format!("successful cleanup of IP address {address} from {place}: {}", reason.describe()),
-            "type": "Normal",
-            "source": {"component": "thereabouts-controller"},
-            "reportingComponent": "thereabouts-controller",
-            "reportingInstance": self.identity,
-            "firstTimestamp": time, "lastTimestamp": time, "count": 1,
-        });
-        let path = format!("/api/v1/namespaces/{}/events", percent(namespace));
-        self.api.send(Method::POST, &path, Some(("application/json", &event))).await?;
         Ok(())
     }
 }

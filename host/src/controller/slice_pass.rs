@@ -63,8 +63,10 @@ struct Wanted {
 }
 
 impl SlicePass {
-    pub fn new(client: kube::Client, options: &Options) -> Result<Self> {
-        Ok(SlicePass { client, namespace: options.namespace.clone(), cool_down: options.cool_down, engine: EngineComponent::load()?, logged: BTreeSet::new() })
+    /// `engine`: the process's one engine instance (its code is registered
+    /// with wasmtime once per process).
+    pub fn new(client: kube::Client, options: &Options, engine: EngineComponent) -> Self {
+        SlicePass { client, namespace: options.namespace.clone(), cool_down: options.cool_down, engine, logged: BTreeSet::new() }
     }
 
     pub async fn run(&mut self) -> Result<()> {

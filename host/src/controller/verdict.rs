@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::held::{Entry, Holdings, Reservation};
+use super::held::{Entry, EntryIndex, Holdings, Reservation};
 use super::pods::{Phase, PodFacts};
 use thereabouts_allocator::ip::Family;
 
@@ -98,13 +98,18 @@ pub fn decide(held: &Holdings, pods: &dyn PodView, rules: Rules) -> Verdict {
             verdict.entries.push((e.clone(), reason));
         }
     }
+    let all = EntryIndex::new(&held.entries);
+    let freed = EntryIndex::new(verdict.entries.iter().map(|(e, _)| e));
+    let reasons: BTreeMap<(&str, &str), Reason> = verdict.entries.iter().map(|(e, r)| ((e.pool.as_str(), e.key.as_str()), *r)).collect();
+    let mut reservations = Vec::new();
     for r in &held.reservations {
-        if let Some((_, reason)) = verdict.entries.iter().find(|(e, _)| r.backs(e)) {
-            verdict.reservations.push((r.clone(), *reason));
-        } else if !held.entries.iter().any(|e| r.backs(e)) && orphaned(r, pods, rules) {
-            verdict.reservations.push((r.clone(), Reason::OrphanReservation));
+        if let Some(e) = freed.backed_by(r).next() {
+            reservations.push((r.clone(), reasons[&(e.pool.as_str(), e.key.as_str())]));
+        } else if !all.is_backed(r) && orphaned(r, pods, rules) {
+            reservations.push((r.clone(), Reason::OrphanReservation));
         }
     }
+    verdict.reservations = reservations;
     verdict
 }
 
@@ -182,6 +187,7 @@ mod tests {
             holder: Allocation { offset: 0, container_id: cid.into(), pod_ref: podref.into(), ifname: "net1".into() },
             key: "0".into(),
             id: Value::String(cid.into()),
+            pool_version: "1".into(),
         }
     }
     fn reservation(name: &str, cid: &str, podref: &str, age: u64) -> Reservation {

@@ -140,6 +140,8 @@ pub struct Settings {
     pub completed_grace_seconds: u64,
     pub lease_seconds: u64,
     pub identity: String,
+    /// Network configs of etcd datastores it reconciles too (`--etcd-config`).
+    pub etcd_configs: Vec<PathBuf>,
 }
 
 impl Default for Settings {
@@ -151,6 +153,7 @@ impl Default for Settings {
             completed_grace_seconds: 60,
             lease_seconds: 2,
             identity: "test".into(),
+            etcd_configs: Vec::new(),
         }
     }
 }
@@ -167,8 +170,13 @@ impl Controller {
     pub fn run(binary: &Path, kubeconfig: &Path, settings: &Settings, log: &Path) -> Result<Controller> {
         let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let child = Command::new(binary)
-            .args(["controller", "--namespace", NAMESPACE, "--lease-seconds"])
+        let mut command = Command::new(binary);
+        command.arg("controller");
+        for config in &settings.etcd_configs {
+            command.arg("--etcd-config").arg(config);
+        }
+        let child = command
+            .args(["--namespace", NAMESPACE, "--lease-seconds"])
             .arg(settings.lease_seconds.to_string())
             .arg("--resync-seconds")
             .arg(settings.resync_seconds.to_string())

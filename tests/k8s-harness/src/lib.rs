@@ -226,8 +226,13 @@ impl Cluster {
         write_private(&dir.join("sa.key"), sa_key.serialize_pem().as_bytes())?;
         write_private(&dir.join("sa.pub"), sa_key.public_key_pem().as_bytes())?;
 
+        std::fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY).context("writing the audit policy")?;
         let cert_dir = dir.join("certs");
         let apiserver_args = vec![
+            // Who wrote the pools, reservations and Leases, and when (`Cluster::audit_writes`).
+            format!("--audit-policy-file={}", dir.join("audit-policy.yaml").display()),
+            format!("--audit-log-path={}", dir.join("audit.log").display()),
+            "--audit-log-format=json".to_string(),
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".to_string(),
             "--advertise-address=127.0.0.1".to_string(),
@@ -559,6 +564,54 @@ impl Drop for Cluster {
 }
 
 /// `deploy/` of this repository (CRDs, RBAC, DaemonSet, installer).
+/// Writes to the whereabouts kinds and to Leases, at the Metadata level (who,
+/// what, when, the answer), once each, when answered; nothing else.
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+  - level: Metadata
+    verbs: ["create", "update", "patch", "delete"]
+    resources:
+      - group: "whereabouts.cni.cncf.io"
+      - group: "coordination.k8s.io"
+        resources: ["leases"]
+  - level: None
+"#;
+
+/// One write the apiserver's audit log recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditedWrite {
+    pub user_agent: String,
+    pub verb: String,
+    /// `resource/name`.
+    pub object: String,
+    /// When the apiserver received it and answered it, Unix microseconds.
+    pub received_us: i64,
+    pub answered_us: i64,
+    pub code: u16,
+}
+
+impl Cluster {
+    /// Every write the audit log holds so far, in the order answered.
+    pub fn audit_writes(&self) -> Result<Vec<AuditedWrite>> {
+        let text = std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default();
+        let micros = |v: &serde_json::Value| v.as_str().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok()).map_or(0, |t| t.as_microsecond());
+        Ok(text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|e| AuditedWrite {
+                user_agent: e["userAgent"].as_str().unwrap_or_default().to_string(),
+                verb: e["verb"].as_str().unwrap_or_default().to_string(),
+                object: format!("{}/{}", e["objectRef"]["resource"].as_str().unwrap_or_default(), e["objectRef"]["name"].as_str().unwrap_or_default()),
+                received_us: micros(&e["requestReceivedTimestamp"]),
+                answered_us: micros(&e["stageTimestamp"]),
+                code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+            })
+            .collect())
+    }
+}
+
 pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
 }

@@ -351,8 +351,14 @@ async fn manifests_pass_strict_server_side_validation() {
     // all in the plugin's namespace, running the binary where the image puts it.
     let control = strict_apply(&admin, &deploy_dir().join("controller.yaml")).await;
     let kinds: Vec<String> = control.iter().map(|o| o.types.as_ref().unwrap().kind.clone()).collect();
-    assert_eq!(kinds, ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"]);
-    let deployment = control.last().unwrap();
+    assert_eq!(kinds, ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service"]);
+    let deployment = &control[5];
+    // The metrics Service selects the Deployment's pods, on the port its probes use.
+    let service = &control[6];
+    assert_eq!(service.data["spec"]["selector"], deployment.data["spec"]["template"]["metadata"]["labels"]);
+    let container = &deployment.data["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["ports"][0]["name"], service.data["spec"]["ports"][0]["targetPort"]);
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(deployment.data["spec"]["template"]["spec"]["serviceAccountName"], "thereabouts-controller");
     assert_eq!(deployment.data["spec"]["template"]["spec"]["containers"][0]["command"], json!(["/opt/thereabouts/thereabouts", "controller"]));
 
@@ -446,5 +452,55 @@ impl ScratchDir {
 impl Drop for ScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The controller's identity (`deploy/controller.yaml`): what the reconciler
+/// and the slice layout do, and nothing else. (The reconciler tests run with
+/// this identity: that it suffices is shown there.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_yaml_grants_exactly_what_the_controller_needs() {
+    let cluster = Cluster::start().expect("starting etcd + kube-apiserver");
+    cluster.install_crds().await.expect("installing deploy/crds");
+    let admin = cluster.admin_client().await.unwrap();
+    cluster.apply_path(&deploy_dir().join("controller.yaml")).await.unwrap();
+    let user = "system:serviceaccount:kube-system:thereabouts-controller";
+    let ns = Some(NAMESPACE);
+    let allowed = [
+        ("list", "", "pods", None),
+        ("watch", "", "pods", None),
+        ("get", "", "pods", Some("default")),
+        ("list", "", "nodes", None),
+        ("create", "", "events", Some("default")),
+        ("list", GROUP, "ippools", ns),
+        ("patch", GROUP, "ippools", ns),
+        ("list", GROUP, "overlappingrangeipreservations", ns),
+        ("delete", GROUP, "overlappingrangeipreservations", ns),
+        ("update", GROUP, "nodeslicepools", ns),
+        ("get", "coordination.k8s.io", "leases", ns),
+        ("patch", "coordination.k8s.io", "leases", ns),
+        ("list", "k8s.cni.cncf.io", "network-attachment-definitions", None),
+    ];
+    let refused = [
+        ("delete", "", "pods", Some("default")),
+        ("patch", "", "pods", Some("default")),
+        ("list", "", "secrets", None),
+        ("get", "", "secrets", ns),
+        ("patch", "", "nodes", None),
+        ("patch", "", "events", Some("default")),
+        ("create", GROUP, "ippools", ns),
+        ("delete", GROUP, "ippools", ns),
+        ("patch", GROUP, "ippools", Some("default")),
+        ("create", GROUP, "overlappingrangeipreservations", ns),
+        ("delete", GROUP, "overlappingrangeipreservations", Some("default")),
+        ("delete", "coordination.k8s.io", "leases", ns),
+        ("get", "coordination.k8s.io", "leases", Some("default")),
+        ("list", "", "configmaps", ns),
+    ];
+    for (verb, group, resource, namespace) in allowed {
+        assert!(may(&admin, user, verb, group, resource, namespace).await, "{verb} {group}/{resource} in {namespace:?} is refused");
+    }
+    for (verb, group, resource, namespace) in refused {
+        assert!(!may(&admin, user, verb, group, resource, namespace).await, "{verb} {group}/{resource} in {namespace:?} is allowed");
     }
 }

@@ -141,8 +141,9 @@ fn pods_deleted_while_the_controller_was_stopped_are_freed_by_its_first_pass() {
     block_on(pods::delete(&s.cluster, "p1")).unwrap();
     block_on(pods::delete(&s.cluster, "p2")).unwrap();
     let _c = s.controller(Settings::default());
-    wait_until("p1 and p2 are freed", Duration::from_secs(10), || s.entries_of("p1").is_empty() && s.entries_of("p2").is_empty());
-    assert_eq!(s.reservations_of("p1") + s.reservations_of("p2"), 0);
+    wait_until("p1 and p2 are freed", Duration::from_secs(10), || {
+        s.entries_of("p1").is_empty() && s.entries_of("p2").is_empty() && s.reservations_of("p1") + s.reservations_of("p2") == 0
+    });
     assert_eq!(s.entries_of("p3").len(), 2);
 }
 
@@ -227,5 +228,5 @@ fn an_entry_with_an_empty_podref_is_reported_and_never_freed() {
     let c = s.controller(fast_passes());
     s.full_passes(&c, 2.0);
     assert!(s.objects.allocations(POOLS[0]).unwrap().contains_key("200"));
-    assert_eq!(c.metric(&format!(r#"thereabouts_pool_entries_without_podref{{pool="{}"}}"#, POOLS[0])).unwrap(), 1.0);
+    assert_eq!(c.metric(&format!(r#"thereabouts_pool_entries_without_podref{{datastore="kubernetes",pool="{}"}}"#, POOLS[0])).unwrap(), 1.0);
 }

@@ -109,6 +109,23 @@ impl EtcdClient {
     }
 }
 
+/// How a client of `settings` connects: credentials, TLS, and only to a
+/// member that has a leader (a partitioned member must not answer reads).
+pub fn connect_options(settings: &Settings) -> ConnectOptions {
+    let mut options = ConnectOptions::new().with_connect_timeout(REQUEST_TIMEOUT).with_require_leader(true);
+    if let Some((user, password)) = &settings.user {
+        options = options.with_user(user.clone(), password.clone());
+    }
+    if let Some(tls) = &settings.tls {
+        let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        options = options.with_tls(config);
+    }
+    options
+}
+
 fn failure_of(e: &etcd_client::Error) -> Failure {
     if let etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) = e {
         return Failure::Config { detail: failure::error_text(e) };
@@ -132,18 +149,7 @@ impl Transport for EtcdClient {
     }
 
     fn connect(&self, limit: Duration) -> Result<(), Failure> {
-        let mut options = ConnectOptions::new().with_connect_timeout(REQUEST_TIMEOUT).with_require_leader(true);
-        if let Some((user, password)) = &self.settings.user {
-            options = options.with_user(user.clone(), password.clone());
-        }
-        if let Some(tls) = &self.settings.tls {
-            let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
-            if let Some((cert, key)) = &tls.identity {
-                config = config.identity(Identity::from_pem(cert, key));
-            }
-            options = options.with_tls(config);
-        }
-        let client = self.bounded(limit, Client::connect(self.settings.endpoints.clone(), Some(options)))?;
+        let client = self.bounded(limit, Client::connect(self.settings.endpoints.clone(), Some(connect_options(&self.settings))))?;
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
         Ok(())
     }
