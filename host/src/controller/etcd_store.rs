@@ -9,7 +9,8 @@
 //! - a reservation is deleted in a transaction that requires its
 //!   `mod_revision` as the pass read it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde_json::Value;
@@ -23,7 +24,7 @@ use crate::datastore::pool_document::{self, Format, PoolDocument};
 use thereabouts_allocator::model::{Allocation, DatastoreSettings};
 
 /// Keys per page: a pool may be large, and gRPC answers are bounded (4 MiB).
-const POOLS_PAGE: i64 = 10;
+const POOLS_PAGE: i64 = 4;
 const RESERVATIONS_PAGE: i64 = 1000;
 /// Attempts at a pool write that other writers keep beating.
 const WRITE_ATTEMPTS: usize = 5;
@@ -65,14 +66,14 @@ impl EtcdStore {
         }
     }
 
-    pub async fn read(&self) -> Result<Holdings, StoreError> {
+    pub async fn read(&self, only: Option<&BTreeSet<String>>) -> Result<Holdings, StoreError> {
         let mut held = Holdings::default();
         let pools = format!("{}pools/", self.layout.prefix());
         let mut failures = Vec::new();
         self.scan(&pools, POOLS_PAGE, |key, value, revision| {
             let name = key.strip_prefix(&pools).unwrap_or(key).to_string();
             match PoolDocument::decode(value) {
-                Ok(doc) => add_pool(&mut held, &name, &doc, revision),
+                Ok(doc) => add_pool(&mut held, &name, &doc, revision, only),
                 Err(e) => failures.push(format!("pool key {key}: {e}")),
             }
         })
@@ -82,6 +83,9 @@ impl EtcdStore {
         self.scan(&reservations, RESERVATIONS_PAGE, |key, value, revision| {
             let name = key.strip_prefix(&reservations).unwrap_or(key).to_string();
             let Ok(r) = ReservationValue::decode(value) else { return };
+            if only.is_some_and(|o| !o.contains(&r.podref)) {
+                return;
+            }
             held.reservations.push(Reservation {
                 name,
                 podref: r.podref,
@@ -153,7 +157,8 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
-fn add_pool(held: &mut Holdings, name: &str, doc: &PoolDocument, revision: i64) {
+fn add_pool(held: &mut Holdings, name: &str, doc: &PoolDocument, revision: i64, only: Option<&BTreeSet<String>>) {
+    let (name, version): (Arc<str>, Arc<str>) = (name.into(), revision.to_string().into());
     let mut summary = PoolSummary {
         name: name.to_string(),
         range: doc.range.clone(),
@@ -171,13 +176,16 @@ fn add_pool(held: &mut Holdings, name: &str, doc: &PoolDocument, revision: i64) 
         if !a.pod_ref.contains('/') {
             summary.without_podref += 1;
         }
+        if only.is_some_and(|o| !o.contains(&a.pod_ref)) {
+            continue;
+        }
         held.entries.push(Entry {
-            pool: name.to_string(),
+            pool: name.clone(),
             address,
             holder: a.clone(),
             key: a.offset.to_string(),
             id: Value::String(a.container_id.clone()),
-            pool_version: revision.to_string(),
+            pool_version: version.clone(),
         });
     }
     held.pools.push(summary);

@@ -4,6 +4,7 @@
 //! for the Kubernetes and the etcd datastore, so one decision serves both.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -14,7 +15,8 @@ use thereabouts_allocator::model::Allocation;
 /// One pool entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
-    pub pool: String,
+    /// Shared by every entry of the pool (a pass holds 50 000 entries).
+    pub pool: Arc<str>,
     pub address: IpAddr,
     /// Container ID, podref and interface, as recorded.
     pub holder: Allocation,
@@ -23,7 +25,7 @@ pub struct Entry {
     /// The `id` member exactly as stored: what a removal tests.
     pub id: Value,
     /// The pool's version when read (`resourceVersion`, or etcd's `mod_revision`).
-    pub pool_version: String,
+    pub pool_version: Arc<str>,
 }
 
 /// One `OverlappingRangeIPReservation` (or etcd reservation key).
@@ -177,7 +179,7 @@ mod tests {
             holder: Allocation { offset: 1, container_id: "c2".into(), pod_ref: podref.into(), ifname: ifname.into() },
             key: "1".into(),
             id: Value::Null,
-            pool_version: String::new(),
+            pool_version: "".into(),
         };
         assert!(reservation("blue-192.0.2.1", "ns/a").backs(&entry("ns/a", "net1")));
         assert!(!reservation("blue-192.0.2.1", "ns/a").backs(&entry("ns/b", "net1")));

@@ -7,6 +7,8 @@
 //! - a DELETE of a reservation with its UID and `resourceVersion` as
 //!   preconditions.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::Method;
@@ -21,7 +23,7 @@ use crate::datastore::kubernetes::patch;
 
 const JSON_PATCH: &str = "application/json-patch+json";
 /// Pools per page: a pool may be a large object.
-const POOLS_PAGE: u32 = 10;
+const POOLS_PAGE: u32 = 4;
 const RESERVATIONS_PAGE: u32 = 500;
 
 /// What a guarded write did.
@@ -40,21 +42,21 @@ pub struct KubeStore {
 impl KubeStore {
     /// Everything the namespace holds; nothing where the CRDs are not
     /// installed (a cluster on the etcd datastore).
-    pub async fn read(&self) -> Result<Holdings, ApiError> {
-        match self.read_all().await {
+    pub async fn read(&self, only: Option<&BTreeSet<String>>) -> Result<Holdings, ApiError> {
+        match self.read_all(only).await {
             Err(e) if e.code() == Some(404) => Ok(Holdings::default()),
             read => read,
         }
     }
 
-    async fn read_all(&self) -> Result<Holdings, ApiError> {
+    async fn read_all(&self, only: Option<&BTreeSet<String>>) -> Result<Holdings, ApiError> {
         let mut held = Holdings::default();
         let mut failures = Vec::new();
         self.api
             .list_pages::<Value>(&crd::collection_path(&self.namespace, IPPOOLS), POOLS_PAGE, |object| {
                 let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
                 match crd::parse_pool(&object) {
-                    Ok(pool) => add_pool(&mut held, &name, &pool),
+                    Ok(pool) => add_pool(&mut held, &name, &pool, only),
                     Err(e) => failures.push(format!("IPPool {name}: {e}")),
                 }
             })
@@ -64,6 +66,9 @@ impl KubeStore {
         self.api
             .list_pages::<Value>(&crd::collection_path(&self.namespace, RESERVATIONS), RESERVATIONS_PAGE, |object| {
                 let r = crd::parse_reservation(&object);
+                if only.is_some_and(|o| !o.contains(&r.podref)) {
+                    return;
+                }
                 let created = object.pointer("/metadata/creationTimestamp").and_then(Value::as_str).and_then(unix_seconds);
                 held.reservations.push(Reservation {
                     name: r.name,
@@ -129,7 +134,8 @@ fn guarded(answer: Result<Value, ApiError>) -> Result<Written, ApiError> {
     }
 }
 
-fn add_pool(held: &mut Holdings, name: &str, pool: &PoolObject) {
+fn add_pool(held: &mut Holdings, name: &str, pool: &PoolObject, only: Option<&BTreeSet<String>>) {
+    let (name, version): (Arc<str>, Arc<str>) = (name.into(), pool.resource_version.as_str().into());
     let range = pool.range.clone().unwrap_or_default();
     let mut summary = PoolSummary {
         name: name.to_string(),
@@ -148,13 +154,16 @@ fn add_pool(held: &mut Holdings, name: &str, pool: &PoolObject) {
         if !a.pod_ref.contains('/') {
             summary.without_podref += 1;
         }
+        if only.is_some_and(|o| !o.contains(&a.pod_ref)) {
+            continue;
+        }
         held.entries.push(Entry {
-            pool: name.to_string(),
+            pool: name.clone(),
             address,
             holder: a.clone(),
             key: pool.keys.get(&a.offset).cloned().unwrap_or_else(|| a.offset.to_string()),
             id: pool.ids.get(&a.offset).cloned().unwrap_or(Value::Null),
-            pool_version: pool.resource_version.clone(),
+            pool_version: version.clone(),
         });
     }
     held.pools.push(summary);

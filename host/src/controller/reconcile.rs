@@ -77,7 +77,11 @@ impl Reconciler {
 
     async fn pass_inner(&self, scope: &Scope, dry: bool) -> Result<Report> {
         // The datastore first, then the pods (whereabouts#207).
-        let mut held = self.store.read().await.context("reading the pools")?;
+        let only = match scope {
+            Scope::Full => None,
+            Scope::Pods(podrefs) => Some(podrefs),
+        };
+        let held = self.store.read(only).await.context("reading the pools")?;
         for failure in &held.unreadable_pools {
             logging::error(format!("controller: {failure}; left alone"));
         }
@@ -87,9 +91,7 @@ impl Reconciler {
         }
         let pods = match scope {
             Scope::Full => PodsAt::all(&self.api).await.context("listing pods")?,
-            Scope::Pods(podrefs) => {
-                held.entries.retain(|e| podrefs.contains(&e.holder.pod_ref));
-                held.reservations.retain(|r| podrefs.contains(&r.podref));
+            Scope::Pods(_) => {
                 let named: BTreeSet<String> =
                     held.entries.iter().map(|e| e.holder.pod_ref.clone()).chain(held.reservations.iter().map(|r| r.podref.clone())).collect();
                 PodsAt::only(&self.api, &named).await.context("reading pods")?
@@ -115,7 +117,7 @@ impl Reconciler {
     async fn free(&self, verdict: Verdict, held: &Holdings, report: &mut Report) -> Result<()> {
         let mut by_pool: BTreeMap<&str, Vec<&(Entry, Reason)>> = BTreeMap::new();
         for freed in &verdict.entries {
-            by_pool.entry(freed.0.pool.as_str()).or_default().push(freed);
+            by_pool.entry(freed.0.pool.as_ref()).or_default().push(freed);
         }
         let by_pool: Vec<(&str, Vec<&(Entry, Reason)>)> = by_pool.into_iter().collect();
         // Entries whose removal did not happen keep their reservations.

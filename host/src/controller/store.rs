@@ -3,6 +3,8 @@
 //! (`etcd_store.rs`), so the pass (`reconcile.rs`) and the CLI tools do not
 //! care which.
 
+use std::collections::BTreeSet;
+
 use super::api::ApiError;
 use super::etcd_store::EtcdStore;
 use super::held::{Entry, Holdings, Reservation};
@@ -23,11 +25,12 @@ pub enum Store {
 }
 
 impl Store {
-    /// Every pool entry and reservation.
-    pub async fn read(&self) -> Result<Holdings, StoreError> {
+    /// Every pool entry and reservation; with `only`, only those of these
+    /// podrefs are kept (a delete pass: a few pods among 50 000 entries).
+    pub async fn read(&self, only: Option<&BTreeSet<String>>) -> Result<Holdings, StoreError> {
         match self {
-            Store::Kube(s) => Ok(s.read().await?),
-            Store::Etcd(s) => s.read().await,
+            Store::Kube(s) => Ok(s.read(only).await?),
+            Store::Etcd(s) => s.read(only).await,
         }
     }
 

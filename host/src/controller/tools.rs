@@ -150,7 +150,7 @@ pub async fn reconcile(store: Store, pods: kube::Client, dry: bool, completed_gr
 fn entry_row(e: &Entry, reason: Option<Reason>) -> EntryRow {
     EntryRow {
         address: e.address.to_string(),
-        pool: e.pool.clone(),
+        pool: e.pool.to_string(),
         podref: e.holder.pod_ref.clone(),
         ifname: e.holder.ifname.clone(),
         container_id: e.holder.container_id.clone(),
@@ -242,7 +242,7 @@ pub fn entries_of<'a>(held: &'a Holdings, target: &Target) -> Result<Vec<&'a Ent
         .iter()
         .filter(|e| match target {
             Target::Pod(podref) => e.holder.pod_ref == *podref,
-            Target::Address { address, pool } => e.address == *address && pool.as_ref().is_none_or(|p| e.pool == *p),
+            Target::Address { address, pool } => e.address == *address && pool.as_ref().is_none_or(|p| *e.pool == **p),
         })
         .collect();
     if let Target::Address { address, .. } = target {
@@ -269,11 +269,11 @@ pub fn reservations_of<'a>(held: &'a Holdings, target: &Target, freed: &[&Entry]
 /// Frees `target` by hand; `events` records an Event on each freed entry's
 /// pod (best effort: a person's identity may not create Events).
 pub async fn release(store: &Store, events: kube::Client, target: &Target, identity: &str) -> Result<ReleaseReport> {
-    let held = store.read().await.context("reading the pools")?;
+    let held = store.read(None).await.context("reading the pools")?;
     let picked = entries_of(&held, target)?;
     let mut by_pool: BTreeMap<&str, Vec<&Entry>> = BTreeMap::new();
     for e in &picked {
-        by_pool.entry(e.pool.as_str()).or_default().push(e);
+        by_pool.entry(e.pool.as_ref()).or_default().push(e);
     }
     let events = Api { client: events, metrics: Metrics::new() };
     let mut report = ReleaseReport { datastore: store.describe(), entries: Vec::new(), reservations: Vec::new() };
@@ -368,7 +368,7 @@ impl CheckReport {
 
 /// Reads every pool and reservation of `store` and checks them.
 pub async fn check_store(store: &Store, overlapping_ranges: bool) -> Result<CheckReport> {
-    let held = store.read().await.context("reading the pools")?;
+    let held = store.read(None).await.context("reading the pools")?;
     let findings = check(&held, overlapping_ranges);
     Ok(CheckReport { datastore: store.describe(), pools: held.pools.len(), entries: held.entries.len(), reservations: held.reservations.len(), findings })
 }
@@ -381,8 +381,8 @@ pub fn check(held: &Holdings, overlapping_ranges: bool) -> Vec<Finding> {
     findings.extend(duplicates(held));
     if overlapping_ranges {
         let protected: std::collections::HashSet<(&str, &str)> =
-            held.reservations.iter().flat_map(|r| index.backed_by(r)).map(|e| (e.pool.as_str(), e.key.as_str())).collect();
-        let unprotected = held.entries.iter().filter(|e| !protected.contains(&(e.pool.as_str(), e.key.as_str())));
+            held.reservations.iter().flat_map(|r| index.backed_by(r)).map(|e| (e.pool.as_ref(), e.key.as_str())).collect();
+        let unprotected = held.entries.iter().filter(|e| !protected.contains(&(e.pool.as_ref(), e.key.as_str())));
         let why = "no OverlappingRangeIPReservation protects it: an overlapping range may hand it out again";
         findings.extend(unprotected.map(|e| entry_finding(Problem::EntryWithoutReservation, e, why.into())));
     }
@@ -395,7 +395,7 @@ pub fn check(held: &Holdings, overlapping_ranges: bool) -> Vec<Finding> {
 }
 
 fn entry_finding(problem: Problem, e: &Entry, detail: String) -> Finding {
-    Finding { problem, address: Some(e.address.to_string()), place: e.pool.clone(), podref: e.holder.pod_ref.clone(), detail }
+    Finding { problem, address: Some(e.address.to_string()), place: e.pool.to_string(), podref: e.holder.pod_ref.clone(), detail }
 }
 
 fn unreadable(held: &Holdings) -> Vec<Finding> {
@@ -450,7 +450,7 @@ fn duplicates(held: &Holdings) -> Vec<Finding> {
     let ranges: BTreeMap<&str, &str> = held.pools.iter().map(|p| (p.name.as_str(), p.range.as_str())).collect();
     let mut by_address: BTreeMap<(&str, IpAddr), Vec<&Entry>> = BTreeMap::new();
     for e in &held.entries {
-        let network = network_of(&e.pool, ranges.get(e.pool.as_str()).copied().unwrap_or_default());
+        let network = network_of(&e.pool, ranges.get(e.pool.as_ref()).copied().unwrap_or_default());
         by_address.entry((network, e.address)).or_default().push(e);
     }
     by_address
@@ -461,7 +461,7 @@ fn duplicates(held: &Holdings) -> Vec<Finding> {
             Finding {
                 problem: Problem::DuplicateAddress,
                 address: Some(address.to_string()),
-                place: list(|e| e.pool.clone()),
+                place: list(|e| e.pool.to_string()),
                 podref: list(|e| e.holder.pod_ref.clone()),
                 detail: format!("held {} times, by {}", entries.len(), list(|e| format!("{} ({})", e.holder.pod_ref, e.holder.container_id))),
             }
@@ -483,7 +483,7 @@ mod tests {
             holder: Allocation { offset: 1, container_id: cid.into(), pod_ref: podref.into(), ifname: "net1".into() },
             key: "1".into(),
             id: Value::Null,
-            pool_version: String::new(),
+            pool_version: "".into(),
         }
     }
     fn reservation(name: &str, podref: &str, cid: &str) -> Reservation {

@@ -100,11 +100,11 @@ pub fn decide(held: &Holdings, pods: &dyn PodView, rules: Rules) -> Verdict {
     }
     let all = EntryIndex::new(&held.entries);
     let freed = EntryIndex::new(verdict.entries.iter().map(|(e, _)| e));
-    let reasons: BTreeMap<(&str, &str), Reason> = verdict.entries.iter().map(|(e, r)| ((e.pool.as_str(), e.key.as_str()), *r)).collect();
+    let reasons: BTreeMap<(&str, &str), Reason> = verdict.entries.iter().map(|(e, r)| ((e.pool.as_ref(), e.key.as_str()), *r)).collect();
     let mut reservations = Vec::new();
     for r in &held.reservations {
         if let Some(e) = freed.backed_by(r).next() {
-            reservations.push((r.clone(), reasons[&(e.pool.as_str(), e.key.as_str())]));
+            reservations.push((r.clone(), reasons[&(e.pool.as_ref(), e.key.as_str())]));
         } else if !all.is_backed(r) && orphaned(r, pods, rules) {
             reservations.push((r.clone(), Reason::OrphanReservation));
         }

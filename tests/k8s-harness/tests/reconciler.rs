@@ -230,3 +230,16 @@ fn an_entry_with_an_empty_podref_is_reported_and_never_freed() {
     assert!(s.objects.allocations(POOLS[0]).unwrap().contains_key("200"));
     assert_eq!(c.metric(&format!(r#"thereabouts_pool_entries_without_podref{{datastore="kubernetes",pool="{}"}}"#, POOLS[0])).unwrap(), 1.0);
 }
+
+#[test]
+fn an_entry_of_a_sandbox_its_running_pod_replaced_is_freed_and_the_current_one_kept() {
+    let s = setup("reconcile-sandbox");
+    s.running_pod("web");
+    // What an ADD of an earlier sandbox of the pod left behind, on the same interface.
+    let old = serde_json::json!({"id": "cid-web-old", "podref": "default/web", "ifname": "net1"});
+    s.objects.json_patch(IPPOOLS, POOLS[0], &serde_json::json!([{"op": "add", "path": "/spec/allocations/100", "value": old}])).unwrap().unwrap();
+    let c = s.controller(fast_passes());
+    wait_until("the old sandbox's entry is freed", Duration::from_secs(10), || !s.objects.allocations(POOLS[0]).unwrap().contains_key("100"));
+    assert_eq!(s.entries_of("web"), ["cid-web", "cid-web"], "the running sandbox keeps both its addresses");
+    assert_eq!(c.metric(r#"thereabouts_addresses_freed_total{reason="sandbox_replaced"}"#).unwrap(), 1.0);
+}

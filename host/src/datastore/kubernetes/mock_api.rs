@@ -56,18 +56,24 @@ impl Log {
 /// A store in namespace `ns` whose API server answers from `script`; more
 /// answers can be queued later through the returned handle.
 pub fn store(ns: &str, script: Vec<Answer>) -> (KubernetesStore, Log, Script) {
+    let runtime = ClientRuntime::start().unwrap();
+    // The client's dispatcher task is spawned where it is made.
+    let (client, log, script) = {
+        let _inside = runtime.enter();
+        client(ns, script)
+    };
+    let store = KubernetesStore::with_client(runtime, client, "https://mock".into(), ns.into(), PathBuf::from("mock.kubeconfig"));
+    (store, log, script)
+}
+
+/// A client whose API server answers from `script`; made inside the tokio
+/// runtime it will run on (the controller's tests: `#[tokio::test]`).
+pub fn client(ns: &str, script: Vec<Answer>) -> (kube::Client, Log, Script) {
     let log = Log::default();
     let script = Script(Arc::new(Mutex::new(script.into())));
     let (seen, answers) = (log.clone(), script.clone());
     let service = tower::service_fn(move |request| serve(request, seen.clone(), answers.clone()));
-    let runtime = ClientRuntime::start().unwrap();
-    // The client's dispatcher task is spawned where it is made.
-    let client = {
-        let _inside = runtime.enter();
-        kube::Client::new(service, ns)
-    };
-    let store = KubernetesStore::with_client(runtime, client, "https://mock".into(), ns.into(), PathBuf::from("mock.kubeconfig"));
-    (store, log, script)
+    (kube::Client::new(service, ns), log, script)
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

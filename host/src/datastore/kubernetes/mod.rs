@@ -21,7 +21,7 @@ pub mod crd;
 pub mod failure;
 pub mod kubeconfig;
 #[cfg(test)]
-mod mock_api;
+pub mod mock_api;
 mod node_turn;
 pub mod patch;
 pub mod slices;

@@ -1,0 +1,91 @@
+//! A pass's conversation with the apiserver, pinned request by request
+//! against a scripted server (`mock_api`): the read order (pools and
+//! reservations, then pods and nodes), the Lease read before each batch of
+//! writes, the guarded writes' exact bodies, and what a failed guard or a
+//! lost Lease leaves unwritten.
+
+use serde_json::{Value, json};
+
+use super::lease_guard::WriteGuard;
+use super::metrics::Metrics;
+use super::reconcile::{Scope, rfc3339};
+use crate::datastore::kubernetes::mock_api::{self, Answer, Log};
+
+const POOLS: &str = "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools?limit=4";
+const ORIPS: &str = "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/overlappingrangeipreservations?limit=500";
+const PODS: &str = "GET /api/v1/pods?limit=500";
+const NODES: &str = "GET /api/v1/nodes?limit=500";
+const LEASE: &str = "GET /apis/coordination.k8s.io/v1/namespaces/kube-system/leases/thereabouts-controller";
+const PATCH: &str = "PATCH /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools/blue-192.0.2.0-24?fieldManager=thereabouts-controller";
+const DELETE: &str = "DELETE /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/overlappingrangeipreservations/blue-192.0.2.1";
+const EVENT: &str = "POST /api/v1/namespaces/default/events";
+
+fn list(items: Vec<Value>) -> Answer {
+    Answer::Ok(json!({"metadata": {"resourceVersion": "9"}, "items": items}))
+}
+
+/// A pool holding `gone`'s address 192.0.2.1 and `live`'s 192.0.2.2, the
+/// reservation of the first, `live` running and reporting its address.
+fn reads() -> Vec<Answer> {
+    let pool = json!({"metadata": {"name": "blue-192.0.2.0-24", "resourceVersion": "7"}, "spec": {"range": "192.0.2.0/24", "allocations": {
+        "1": {"id": "c-gone", "podref": "default/gone", "ifname": "net1"},
+        "2": {"id": "c-live", "podref": "default/live", "ifname": "net1"},
+    }}});
+    let orip = json!({"metadata": {"name": "blue-192.0.2.1", "uid": "u1", "resourceVersion": "5", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"podref": "default/gone", "ifname": "net1", "containerid": "c-gone"}});
+    let status = r#"[{"name": "default/blue", "interface": "net1", "ips": ["192.0.2.2"]}]"#;
+    let live = json!({"metadata": {"name": "live", "namespace": "default", "uid": "u", "annotations": {"k8s.v1.cni.cncf.io/network-status": status}},
+        "spec": {"nodeName": "node-1"}, "status": {"phase": "Running"}});
+    let node = json!({"metadata": {"name": "node-1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    vec![list(vec![pool]), list(vec![orip]), list(vec![live]), list(vec![node])]
+}
+
+fn lease(holder: &str) -> Answer {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    Answer::Ok(json!({"spec": {"holderIdentity": holder, "renewTime": rfc3339(now), "leaseDurationSeconds": 15}}))
+}
+
+async fn pass(script: Vec<Answer>) -> (anyhow::Result<super::reconcile::Report>, Log) {
+    let (client, log, _) = mock_api::client("kube-system", script);
+    let metrics = Metrics::new();
+    let guard =
+        WriteGuard::Lease { api: super::api::Api { client: client.clone(), metrics: metrics.clone() }, namespace: "kube-system".into(), identity: "me".into() };
+    let store = super::kube_store(client.clone(), &metrics, "kube-system");
+    let reconciler = super::reconciler(client, metrics, store, "me", guard, std::time::Duration::from_secs(60));
+    (reconciler.pass(&Scope::Full, false).await, log)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_pass_reads_then_frees_with_guarded_writes_after_the_lease_check() {
+    let mut script = reads();
+    script.extend([lease("me"), Answer::Ok(json!({})), lease("me"), Answer::Ok(json!({})), Answer::Ok(json!({}))]);
+    let (report, log) = pass(script).await;
+    assert_eq!(report.unwrap().entries.len(), 1);
+    assert_eq!(log.lines(), [POOLS, ORIPS, PODS, NODES, LEASE, PATCH, LEASE, DELETE, EVENT]);
+    assert_eq!(
+        log.body(5),
+        json!([{"op": "test", "path": "/spec/allocations/1/id", "value": "c-gone"}, {"op": "remove", "path": "/spec/allocations/1"}]),
+        "only the gone pod's entry, only while it is still its container's"
+    );
+    assert_eq!(log.body(7)["preconditions"], json!({"uid": "u1", "resourceVersion": "5"}));
+    assert_eq!(log.body(8)["reason"], "IPAddressGarbageCollected");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_entry_taken_over_meanwhile_keeps_its_reservation_and_gets_no_event() {
+    let mut script = reads();
+    script.extend([lease("me"), Answer::Status(422, "the server rejected our request due to an error in our request", Value::Null)]);
+    let (report, log) = pass(script).await;
+    let report = report.unwrap();
+    assert_eq!((report.entries.len(), report.reservations.len(), report.changed_meanwhile), (0, 0, 1));
+    assert_eq!(log.lines(), [POOLS, ORIPS, PODS, NODES, LEASE, PATCH]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_replica_that_does_not_hold_the_lease_writes_nothing() {
+    let mut script = reads();
+    script.push(lease("other"));
+    let (report, log) = pass(script).await;
+    assert!(format!("{:#}", report.unwrap_err()).contains("held by \"other\""));
+    assert_eq!(log.lines(), [POOLS, ORIPS, PODS, NODES, LEASE]);
+}
