@@ -7,6 +7,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::metrics::Metrics;
+// Continue tokens are base64 (`=`, `+`, `/`): encoded as path segments are.
+use crate::datastore::kubernetes::crd::escape;
 
 /// A request that did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +105,7 @@ impl Api {
         loop {
             let mut page_path = format!("{path}{separator}limit={limit}");
             if let Some(t) = &token {
-                page_path.push_str(&format!("&continue={}", percent(t)));
+                page_path.push_str(&format!("&continue={}", escape(t)));
             }
             let page: Page<T> = self.get(&page_path).await?;
             page.items.into_iter().for_each(&mut each);
@@ -129,19 +131,6 @@ struct PageMeta {
     continue_token: Option<String>,
 }
 
-/// A query value, percent-encoded (continue tokens are base64 with `=`, `+`, `/`).
-pub fn percent(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +142,6 @@ mod tests {
         assert_eq!(status(422).class(), "conflict");
         assert_eq!(status(503).class(), "unavailable");
         assert_eq!(ApiError::Transport { method: Method::GET, path: "/".into(), detail: String::new() }.class(), "unreachable");
-        assert_eq!(percent("a+b/c="), "a%2Bb%2Fc%3D");
+        assert_eq!(escape("a+b/c="), "a%2Bb%2Fc%3D", "a continue token stays one query value");
     }
 }

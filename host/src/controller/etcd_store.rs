@@ -10,12 +10,11 @@
 //!   `mod_revision` as the pass read it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde_json::Value;
 
-use super::held::{Entry, Holdings, PoolSummary, Reservation, address_at, capacity_of};
+use super::held::{Entry, Holdings, Reservation};
 use super::kube_store::Written;
 use super::store::StoreError;
 use crate::datastore::etcd::layout::{Layout, ReservationValue};
@@ -158,37 +157,9 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
 }
 
 fn add_pool(held: &mut Holdings, name: &str, doc: &PoolDocument, revision: i64, only: Option<&BTreeSet<String>>) {
-    let (name, version): (Arc<str>, Arc<str>) = (name.into(), revision.to_string().into());
-    let mut summary = PoolSummary {
-        name: name.to_string(),
-        range: doc.range.clone(),
-        capacity: capacity_of(&doc.range),
-        entries: 0,
-        without_podref: 0,
-        unreadable: Vec::new(),
-    };
-    for a in &doc.entries {
-        let Some(address) = address_at(&doc.range, a.offset) else {
-            summary.unreadable.push(format!("offset {} is outside {:?}", a.offset, doc.range));
-            continue;
-        };
-        summary.entries += 1;
-        if !a.pod_ref.contains('/') {
-            summary.without_podref += 1;
-        }
-        if only.is_some_and(|o| !o.contains(&a.pod_ref)) {
-            continue;
-        }
-        held.entries.push(Entry {
-            pool: name.clone(),
-            address,
-            holder: a.clone(),
-            key: a.offset.to_string(),
-            id: Value::String(a.container_id.clone()),
-            pool_version: version.clone(),
-        });
-    }
-    held.pools.push(summary);
+    // A pool key has no per-entry id: the guard is the key's mod_revision.
+    let entries = doc.entries.iter().map(|a| (a, a.offset.to_string(), Value::String(a.container_id.clone())));
+    held.add_pool(name, &doc.range, &revision.to_string(), Vec::new(), entries, only);
 }
 
 #[cfg(test)]

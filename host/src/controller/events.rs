@@ -5,8 +5,9 @@
 use http::Method;
 use serde_json::json;
 
-use super::api::{Api, ApiError, percent};
+use super::api::{Api, ApiError};
 use super::verdict::Reason;
+use crate::datastore::kubernetes::crd::escape;
 
 pub const REASON: &str = "IPAddressGarbageCollected";
 
@@ -28,6 +29,6 @@ pub async fn record_freed(api: &Api, podref: &str, address: &str, place: &str, r
         "reportingInstance": identity,
         "firstTimestamp": time, "lastTimestamp": time, "count": 1,
     });
-    let path = format!("/api/v1/namespaces/{}/events", percent(namespace));
+    let path = format!("/api/v1/namespaces/{}/events", escape(namespace));
     api.send(Method::POST, &path, Some(("application/json", &event))).await.map(|_| ())
 }

@@ -3,6 +3,7 @@
 //! entry's `id` as stored; the reservation's UID and version). The same shape
 //! for the Kubernetes and the etcd datastore, so one decision serves both.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +68,40 @@ pub struct Holdings {
     pub pools: Vec<PoolSummary>,
     /// Pools that could not be read at all (named, with why).
     pub unreadable_pools: Vec<String>,
+}
+
+impl Holdings {
+    /// Adds pool `name` of `range` as read at `version`: its summary, and
+    /// each `(entry, key as stored, id as stored)` in range, of the podrefs in
+    /// `only` when given. `unreadable` lists what the datastore could not parse.
+    pub fn add_pool<'e>(
+        &mut self,
+        name: &str,
+        range: &str,
+        version: &str,
+        unreadable: Vec<String>,
+        entries: impl IntoIterator<Item = (&'e Allocation, String, Value)>,
+        only: Option<&BTreeSet<String>>,
+    ) {
+        let (pool, version): (Arc<str>, Arc<str>) = (name.into(), version.into());
+        let mut summary =
+            PoolSummary { name: name.to_string(), range: range.to_string(), capacity: capacity_of(range), entries: 0, without_podref: 0, unreadable };
+        for (a, key, id) in entries {
+            let Some(address) = address_at(range, a.offset) else {
+                summary.unreadable.push(format!("offset {} is outside {range:?}", a.offset));
+                continue;
+            };
+            summary.entries += 1;
+            if !a.pod_ref.contains('/') {
+                summary.without_podref += 1;
+            }
+            if only.is_some_and(|o| !o.contains(&a.pod_ref)) {
+                continue;
+            }
+            self.entries.push(Entry { pool: pool.clone(), address, holder: a.clone(), key, id, pool_version: version.clone() });
+        }
+        self.pools.push(summary);
+    }
 }
 
 /// The address at `offset` of `range` (a pool's `spec.range`), `None` when

@@ -8,14 +8,13 @@
 //!   preconditions.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::Method;
 use serde_json::{Value, json};
 
 use super::api::{Api, ApiError, FIELD_MANAGER};
-use super::held::{Entry, Holdings, PoolSummary, Reservation, address_at, capacity_of};
+use super::held::{Entry, Holdings, Reservation};
 use super::pods::unix_seconds;
 use crate::datastore::Change;
 use crate::datastore::kubernetes::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
@@ -135,36 +134,10 @@ fn guarded(answer: Result<Value, ApiError>) -> Result<Written, ApiError> {
 }
 
 fn add_pool(held: &mut Holdings, name: &str, pool: &PoolObject, only: Option<&BTreeSet<String>>) {
-    let (name, version): (Arc<str>, Arc<str>) = (name.into(), pool.resource_version.as_str().into());
     let range = pool.range.clone().unwrap_or_default();
-    let mut summary = PoolSummary {
-        name: name.to_string(),
-        range: range.clone(),
-        capacity: capacity_of(&range),
-        entries: 0,
-        without_podref: 0,
-        unreadable: pool.unparsable.clone(),
-    };
-    for a in &pool.entries {
-        let Some(address) = address_at(&range, a.offset) else {
-            summary.unreadable.push(format!("offset {} is outside {range:?}", a.offset));
-            continue;
-        };
-        summary.entries += 1;
-        if !a.pod_ref.contains('/') {
-            summary.without_podref += 1;
-        }
-        if only.is_some_and(|o| !o.contains(&a.pod_ref)) {
-            continue;
-        }
-        held.entries.push(Entry {
-            pool: name.clone(),
-            address,
-            holder: a.clone(),
-            key: pool.keys.get(&a.offset).cloned().unwrap_or_else(|| a.offset.to_string()),
-            id: pool.ids.get(&a.offset).cloned().unwrap_or(Value::Null),
-            pool_version: version.clone(),
-        });
-    }
-    held.pools.push(summary);
+    let entries = pool.entries.iter().map(|a| {
+        let key = pool.keys.get(&a.offset).cloned().unwrap_or_else(|| a.offset.to_string());
+        (a, key, pool.ids.get(&a.offset).cloned().unwrap_or(Value::Null))
+    });
+    held.add_pool(name, &range, &pool.resource_version, pool.unparsable.clone(), entries, only);
 }

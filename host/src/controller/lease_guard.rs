@@ -11,8 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
 
-use super::api::{Api, ApiError, percent};
+use super::api::{Api, ApiError};
 use super::pods::unix_seconds;
+use crate::datastore::kubernetes::crd::escape;
 
 pub const LEASE_NAME: &str = "thereabouts-controller";
 
@@ -56,7 +57,7 @@ impl WriteGuard {
     /// a Lease duration; another holder ends the wait at once.
     pub async fn check(&self) -> Result<(), NotLeading> {
         let WriteGuard::Lease { api, namespace, identity } = self else { return Ok(()) };
-        let path = format!("/apis/coordination.k8s.io/v1/namespaces/{}/leases/{LEASE_NAME}", percent(namespace));
+        let path = format!("/apis/coordination.k8s.io/v1/namespaces/{}/leases/{LEASE_NAME}", escape(namespace));
         let started = std::time::Instant::now();
         loop {
             let lease: LeaseJson = api.get(&path).await?;

@@ -7,9 +7,10 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde::Deserialize;
 
-use super::api::{Api, ApiError, percent};
+use super::api::{Api, ApiError};
 use super::pods::{PodFacts, PodJson};
 use super::verdict::PodView;
+use crate::datastore::kubernetes::crd::escape;
 
 const PODS_PAGE: u32 = 500;
 
@@ -49,7 +50,7 @@ impl PodsAt {
         let mut at = PodsAt::default();
         for podref in podrefs {
             let Some((namespace, name)) = podref.split_once('/') else { continue };
-            let path = format!("/api/v1/namespaces/{}/pods/{}", percent(namespace), percent(name));
+            let path = format!("/api/v1/namespaces/{}/pods/{}", escape(namespace), escape(name));
             match api.get::<PodJson>(&path).await {
                 Ok(p) => {
                     at.pods.insert(podref.clone(), p.facts());

@@ -47,7 +47,7 @@ pub fn named_list_path(namespace: &str, plural: &str, name: &str) -> String {
 /// Percent-encodes everything but unreserved URL characters. Valid object names
 /// never need it; an invalid one (a `network_name` with `/`, say) must still
 /// reach the apiserver as one path segment and be rejected there by name.
-fn escape(segment: &str) -> String {
+pub fn escape(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
     for b in segment.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
