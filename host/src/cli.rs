@@ -163,6 +163,12 @@ pub enum CliCommand {
         /// Seconds a completed (Succeeded or Failed) pod keeps its addresses
         #[arg(long, default_value_t = 60)]
         completed_grace_seconds: u64,
+        /// Seconds a reservation is seen without its pool entry before it is
+        /// freed: whoever removed the entry (a DEL, whereabouts' control loop,
+        /// whose delete has no precondition) deletes it meanwhile; longer than
+        /// whereabouts' DEL timeout (60 s)
+        #[arg(long, default_value_t = 90)]
+        unbacked_grace_seconds: u64,
         /// A network config (or flat file) whose etcd datastore the reconciler
         /// serves too, besides the namespace's IPPools (repeatable)
         #[arg(long = "etcd-config", value_name = "FILE")]
@@ -216,6 +222,7 @@ pub fn run(cli: Cli) -> Result<()> {
             cool_down_seconds,
             reconcile_interval_seconds,
             completed_grace_seconds,
+            unbacked_grace_seconds,
             etcd_configs,
             metrics_address,
             once,
@@ -232,6 +239,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 cool_down: std::time::Duration::from_secs(cool_down_seconds),
                 reconcile_interval: std::time::Duration::from_secs(reconcile_interval_seconds),
                 completed_grace: std::time::Duration::from_secs(completed_grace_seconds),
+                unbacked_grace: std::time::Duration::from_secs(unbacked_grace_seconds),
                 etcd_configs,
                 metrics_address,
                 once,

@@ -95,6 +95,7 @@ impl EtcdStore {
                 // etcd keeps no creation time: a reservation without its
                 // entry is freed only once its pod is gone or completed.
                 age: None,
+                unbacked_for: None,
             })
         })
         .await?;

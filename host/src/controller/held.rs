@@ -44,6 +44,9 @@ pub struct Reservation {
     pub version: String,
     /// How long it has existed, when the datastore says.
     pub age: Option<Duration>,
+    /// How long this replica has seen it without an entry holding its
+    /// address (set by the reconciler, which remembers across passes).
+    pub unbacked_for: Option<Duration>,
 }
 
 /// A pool's size, for the metrics and `pools --check`.
@@ -187,6 +190,7 @@ mod tests {
             uid: String::new(),
             version: String::new(),
             age: None,
+            unbacked_for: None,
         }
     }
 

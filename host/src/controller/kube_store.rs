@@ -77,6 +77,7 @@ impl KubeStore {
                     uid: r.uid,
                     version: r.resource_version,
                     age: created.map(|c| Duration::from_secs(now.saturating_sub(c).max(0) as u64)),
+                    unbacked_for: None,
                 })
             })
             .await?;

@@ -66,6 +66,8 @@ pub struct Options {
     pub reconcile_interval: Duration,
     /// How long a completed pod keeps its addresses.
     pub completed_grace: Duration,
+    /// How long a reservation is seen without its entry before it is freed.
+    pub unbacked_grace: Duration,
     /// Network configs (or flat files) of etcd datastores to reconcile too.
     pub etcd_configs: Vec<PathBuf>,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; none when empty.
@@ -87,6 +89,8 @@ const DELETE_BATCH_MAX: Duration = Duration::from_secs(1);
 /// When a failed pass is tried again (as a full pass: a delete whose pass
 /// failed is otherwise seen by no one until the next interval).
 const RETRY_FAILED_PASS: Duration = Duration::from_secs(5);
+/// How long after a reservation's unbacked grace ends the pass that frees it runs.
+const RECHECK_MARGIN: Duration = Duration::from_millis(200);
 
 /// `192.0.2.7/24` → `192.0.2.0/24`; `None` when not a CIDR.
 pub fn canonical_cidr(text: &str) -> Option<String> {
@@ -128,6 +132,7 @@ pub fn reconciler(
     identity: &str,
     guard: lease_guard::WriteGuard,
     completed_grace: Duration,
+    unbacked_grace: Duration,
 ) -> reconcile::Reconciler {
     reconcile::Reconciler {
         api: api::Api { client, metrics: metrics.clone() },
@@ -136,6 +141,8 @@ pub fn reconciler(
         guard,
         completed_grace,
         add_budget: ADD_BUDGET,
+        unbacked_grace,
+        unbacked: reconcile::Unbacked::default(),
         identity: identity.to_string(),
     }
 }
@@ -169,8 +176,10 @@ async fn serve(options: Options) -> Result<()> {
         stores.push(etcd_store_of(&mut engine, path).await?);
     }
     let mut slices = slice_pass::SlicePass::new(client.clone(), &options, engine);
-    let reconcilers: Vec<reconcile::Reconciler> =
-        stores.into_iter().map(|store| reconciler(client.clone(), metrics.clone(), store, &options.identity, guard.clone(), options.completed_grace)).collect();
+    let reconcilers: Vec<reconcile::Reconciler> = stores
+        .into_iter()
+        .map(|store| reconciler(client.clone(), metrics.clone(), store, &options.identity, guard.clone(), options.completed_grace, options.unbacked_grace))
+        .collect();
     if options.once {
         slices.run().await?;
         for r in &reconcilers {
@@ -212,8 +221,8 @@ async fn serve(options: Options) -> Result<()> {
             }
             if Instant::now() >= next_full {
                 // A failed pass (the apiserver away, a lost Lease) is tried again soon.
-                let ok = run_passes(&reconcilers, &reconcile::Scope::Full).await;
-                next_full = Instant::now() + if ok { options.reconcile_interval } else { options.reconcile_interval.min(RETRY_FAILED_PASS) };
+                let (ok, recheck) = run_passes(&reconcilers, &reconcile::Scope::Full).await;
+                next_full = next_full_after(ok, recheck, options.reconcile_interval);
             }
             tokio::select! {
                 _ = triggered.recv() => {
@@ -239,8 +248,9 @@ async fn serve(options: Options) -> Result<()> {
                     }
                     match collect_deletes(event, &mut pod_events_rx) {
                         Some(pods) => {
-                            if !run_passes(&reconcilers, &reconcile::Scope::Pods(pods)).await {
-                                next_full = next_full.min(Instant::now() + RETRY_FAILED_PASS);
+                            let (ok, recheck) = run_passes(&reconcilers, &reconcile::Scope::Pods(pods)).await;
+                            if !ok || recheck.is_some() {
+                                next_full = next_full.min(next_full_after(ok, recheck, options.reconcile_interval));
                             }
                         }
                         None => next_full = Instant::now(),
@@ -256,15 +266,29 @@ async fn serve(options: Options) -> Result<()> {
 }
 
 /// Whether every pass succeeded.
-async fn run_passes(reconcilers: &[reconcile::Reconciler], scope: &reconcile::Scope) -> bool {
+/// Runs `scope`'s pass in every reconciler. Answers whether all went well,
+/// and when the soonest of them wants a full pass again.
+async fn run_passes(reconcilers: &[reconcile::Reconciler], scope: &reconcile::Scope) -> (bool, Option<Duration>) {
     let mut ok = true;
+    let mut recheck: Option<Duration> = None;
     for r in reconcilers {
-        if let Err(e) = r.pass(scope, false).await {
-            crate::logging::error(format!("controller: {} reconcile pass of {} failed: {e:#}", scope.kind(), r.store.describe()));
-            ok = false;
+        match r.pass(scope, false).await {
+            Ok(report) => recheck = recheck.into_iter().chain(report.recheck_in).min(),
+            Err(e) => {
+                crate::logging::error(format!("controller: {} reconcile pass of {} failed: {e:#}", scope.kind(), r.store.describe()));
+                ok = false;
+            }
         }
     }
-    ok
+    (ok, recheck)
+}
+
+/// When the next full pass is due after one that went `ok` and wants a
+/// look again in `recheck`.
+fn next_full_after(ok: bool, recheck: Option<Duration>, interval: Duration) -> Instant {
+    let wait = if ok { interval } else { interval.min(RETRY_FAILED_PASS) };
+    // Just past the grace, so the reservation has waited all of it.
+    Instant::now() + recheck.map_or(wait, |r| wait.min(r + RECHECK_MARGIN))
 }
 
 /// The etcd datastore a network config (or flat file) names.

@@ -47,6 +47,9 @@ pub struct Report {
     pub changed_meanwhile: usize,
     pub without_podref: Vec<Entry>,
     pub pods_read: usize,
+    /// When a pass should look again: the soonest a reservation seen without
+    /// its entry has waited the unbacked grace (no event would tell).
+    pub recheck_in: Option<Duration>,
 }
 
 /// Writes sent together after one check of the Lease: a replica that loses
@@ -62,6 +65,10 @@ pub struct Reconciler {
     pub guard: WriteGuard,
     pub completed_grace: Duration,
     pub add_budget: Duration,
+    /// See [`Rules::unbacked_grace`].
+    pub unbacked_grace: Duration,
+    /// When this replica first saw each reservation without an entry.
+    pub unbacked: Unbacked,
     /// Who reports the Events.
     pub identity: String,
 }
@@ -81,7 +88,8 @@ impl Reconciler {
             Scope::Full => None,
             Scope::Pods(podrefs) => Some(podrefs),
         };
-        let held = self.store.read(only).await.context("reading the pools")?;
+        let mut held = self.store.read(only).await.context("reading the pools")?;
+        self.unbacked.observe(&mut held, matches!(scope, Scope::Full));
         for failure in &held.unreadable_pools {
             logging::error(format!("controller: {failure}; left alone"));
         }
@@ -98,9 +106,10 @@ impl Reconciler {
             }
         };
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-        let rules = Rules { now, completed_grace: self.completed_grace, add_budget: self.add_budget };
+        let rules = Rules { now, completed_grace: self.completed_grace, add_budget: self.add_budget, unbacked_grace: self.unbacked_grace };
         let verdict = verdict::decide(&held, &pods, rules);
-        let mut report = Report { without_podref: verdict.without_podref.clone(), pods_read: pods.len(), ..Report::default() };
+        let recheck_in = held.reservations.iter().filter_map(|r| r.unbacked_for).filter(|d| *d < self.unbacked_grace).map(|d| self.unbacked_grace - d).min();
+        let mut report = Report { without_podref: verdict.without_podref.clone(), pods_read: pods.len(), recheck_in, ..Report::default() };
         if dry {
             report.entries = verdict.entries;
             report.reservations = verdict.reservations;
@@ -177,6 +186,37 @@ impl Reconciler {
             join_all(posts).await;
         }
         Ok(())
+    }
+}
+
+/// When each reservation (by name, UID and version: a re-created one starts
+/// over) was first seen without a pool entry holding its address. Kept in
+/// memory: a replica that starts (or takes over) waits the whole grace again.
+#[derive(Default)]
+pub struct Unbacked(std::sync::Mutex<BTreeMap<(String, String, String), Instant>>);
+
+impl Unbacked {
+    /// Sets each reservation's `unbacked_for`. A full read also forgets the
+    /// reservations it did not see unbacked; a partial one cannot tell.
+    fn observe(&self, held: &mut Holdings, full: bool) {
+        let now = Instant::now();
+        let entries = EntryIndex::new(&held.entries);
+        let mut first_seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = BTreeMap::new();
+        for r in &mut held.reservations {
+            if entries.is_backed(r) {
+                continue;
+            }
+            let key = (r.name.clone(), r.uid.clone(), r.version.clone());
+            let since = *first_seen.get(&key).unwrap_or(&now);
+            r.unbacked_for = Some(now - since);
+            seen.insert(key, since);
+        }
+        if full {
+            *first_seen = seen;
+        } else {
+            first_seen.extend(seen);
+        }
     }
 }
 

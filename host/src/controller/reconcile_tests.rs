@@ -51,7 +51,7 @@ async fn pass(script: Vec<Answer>) -> (anyhow::Result<super::reconcile::Report>,
     let guard =
         WriteGuard::Lease { api: super::api::Api { client: client.clone(), metrics: metrics.clone() }, namespace: "kube-system".into(), identity: "me".into() };
     let store = super::kube_store(client.clone(), &metrics, "kube-system");
-    let reconciler = super::reconciler(client, metrics, store, "me", guard, std::time::Duration::from_secs(60));
+    let reconciler = super::reconciler(client, metrics, store, "me", guard, std::time::Duration::from_secs(60), std::time::Duration::ZERO);
     (reconciler.pass(&Scope::Full, false).await, log)
 }
 

@@ -142,7 +142,9 @@ impl ReconcileReport {
 /// controller running at the same time costs only "changed meanwhile".
 pub async fn reconcile(store: Store, pods: kube::Client, dry: bool, completed_grace: Duration, identity: &str) -> Result<ReconcileReport> {
     let datastore = store.describe();
-    let reconciler = super::reconciler(pods, Metrics::new(), store, identity, WriteGuard::Unguarded, completed_grace);
+    // One pass remembers nothing: a reservation without its entry is freed
+    // when seen (a person decided to run it; the controller waits instead).
+    let reconciler = super::reconciler(pods, Metrics::new(), store, identity, WriteGuard::Unguarded, completed_grace, Duration::ZERO);
     let report = reconciler.pass(&Scope::Full, dry).await?;
     Ok(reconcile_report(datastore, dry, report))
 }
@@ -495,6 +497,7 @@ mod tests {
             uid: String::new(),
             version: String::new(),
             age: Some(Duration::from_secs(600)),
+            unbacked_for: None,
         }
     }
     fn pool(name: &str, range: &str) -> PoolSummary {

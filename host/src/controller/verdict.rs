@@ -62,6 +62,12 @@ pub struct Rules {
     /// How long a reservation without an entry is an ADD in flight: longer
     /// than the plugin's ADD budget.
     pub add_budget: Duration,
+    /// How long a reservation must have been seen without an entry before it
+    /// is freed. Whoever removed the entry (a DEL, whereabouts' own control
+    /// loop) deletes the reservation next, and whereabouts deletes it by name
+    /// without a precondition: freed earlier, its address could be taken
+    /// again in between, and that delete would hit the new holder's.
+    pub unbacked_grace: Duration,
 }
 
 /// The pods at P, and the nodes' readiness.
@@ -142,9 +148,10 @@ fn entry_reason(e: &Entry, siblings: &[&Entry], pods: &dyn PodView, rules: Rules
 
 /// A reservation no entry holds: an ADD between its reservation and its pool
 /// write, unless its pod is gone or completed, or runs, reports its networks
-/// without this address, and the reservation is older than an ADD can take.
+/// without this address, and the reservation is older than an ADD can take;
+/// and in every case only once it has been seen so for the unbacked grace.
 fn orphaned(r: &Reservation, pods: &dyn PodView, rules: Rules) -> bool {
-    if !r.podref.contains('/') {
+    if !r.podref.contains('/') || r.unbacked_for.is_none_or(|d| d < rules.unbacked_grace) {
         return false;
     }
     let Some(pod) = pods.pod(&r.podref) else { return true };
@@ -178,7 +185,8 @@ mod tests {
         }
     }
 
-    const RULES: Rules = Rules { now: 1_000, completed_grace: Duration::from_secs(60), add_budget: Duration::from_secs(150) };
+    const RULES: Rules =
+        Rules { now: 1_000, completed_grace: Duration::from_secs(60), add_budget: Duration::from_secs(150), unbacked_grace: Duration::from_secs(60) };
 
     fn entry(address: &str, cid: &str, podref: &str) -> Entry {
         Entry {
@@ -199,6 +207,8 @@ mod tests {
             uid: "u".into(),
             version: "1".into(),
             age: Some(Duration::from_secs(age)),
+            // Seen without an entry long ago, unless a test says otherwise.
+            unbacked_for: Some(Duration::from_secs(10_000)),
         }
     }
     fn pod(phase: Phase, status: Option<&[&str]>) -> PodFacts {
@@ -298,6 +308,18 @@ mod tests {
         assert_eq!(reasons(&decide(&orip(150), &view(&[("ns/a", pod(Phase::Pending, None))]), RULES)), []);
         assert_eq!(reasons(&decide(&orip(150), &view(&[("ns/a", pod(Phase::Running, Some(&["192.0.2.9"])))]), RULES)), []);
         assert_eq!(reasons(&decide(&orip(0), &view(&[]), RULES)), [("192.0.2.9".into(), Reason::OrphanReservation)], "its pod is gone");
+    }
+
+    #[test]
+    fn a_reservation_just_seen_without_its_entry_waits_for_the_unbacked_grace() {
+        let seen = |secs: Option<u64>| {
+            let mut h = held(vec![], vec![reservation("192.0.2.9", "c1", "ns/gone", 10_000)]);
+            h.reservations[0].unbacked_for = secs.map(Duration::from_secs);
+            reasons(&decide(&h, &view(&[]), RULES))
+        };
+        assert_eq!(seen(None), [], "not seen before: whoever removed its entry deletes it next");
+        assert_eq!(seen(Some(59)), []);
+        assert_eq!(seen(Some(60)), [("192.0.2.9".into(), Reason::OrphanReservation)]);
     }
 
     #[test]

@@ -138,6 +138,9 @@ pub struct Settings {
     pub resync_seconds: u64,
     pub reconcile_interval_seconds: u64,
     pub completed_grace_seconds: u64,
+    /// `--unbacked-grace-seconds`: short here, the tests' own deletes come
+    /// with their entries'.
+    pub unbacked_grace_seconds: u64,
     pub lease_seconds: u64,
     pub identity: String,
     /// Network configs of etcd datastores it reconciles too (`--etcd-config`).
@@ -151,6 +154,7 @@ impl Default for Settings {
             resync_seconds: 1,
             reconcile_interval_seconds: 300,
             completed_grace_seconds: 60,
+            unbacked_grace_seconds: 2,
             lease_seconds: 2,
             identity: "test".into(),
             etcd_configs: Vec::new(),
@@ -186,6 +190,8 @@ impl Controller {
             .arg(settings.reconcile_interval_seconds.to_string())
             .arg("--completed-grace-seconds")
             .arg(settings.completed_grace_seconds.to_string())
+            .arg("--unbacked-grace-seconds")
+            .arg(settings.unbacked_grace_seconds.to_string())
             .arg("--metrics-address")
             .arg(format!("127.0.0.1:{metrics_port}"))
             .arg("--identity")

@@ -54,6 +54,7 @@ pub mod pods;
 mod process;
 pub mod report;
 pub mod whereabouts;
+pub mod whereabouts_controllers;
 
 use std::future::Future;
 use std::io::{Read, Write};

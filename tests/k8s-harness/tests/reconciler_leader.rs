@@ -125,7 +125,9 @@ fn the_leader_killed_mid_pass_is_replaced_within_a_lease_and_two_replicas_never_
     );
     // Renewals come every duration minus grace (a third): 4 s + 2 s, and the proxy's latency.
     assert!(took_over <= (lease_seconds + 2) as f64 + 1.0, "b took over after {took_over:.2} s");
-    assert!(last_a < killed && first_b > last_a, "the replicas' writes overlap: a's last answered at {last_a}, b's first received at {first_b}");
+    // A write of a's may still be in flight (through the latency proxy) when
+    // it dies and be answered after; what counts is that b's come after it.
+    assert!(first_b > last_a, "the replicas' writes overlap: a's last answered at {last_a}, b's first received at {first_b}");
     assert_eq!(s.reservations_of("default/live"), 10, "the live pods keep their reservations");
     drop(b);
 }
