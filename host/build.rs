@@ -16,12 +16,23 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 include!("src/engine_config.rs");
+include!("src/policy_engine_config.rs");
+include!("src/compat_hash.rs");
 
 fn main() -> Result<()> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let workspace = manifest_dir.parent().context("host/ has a parent")?.to_path_buf();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    for watched in ["Cargo.toml", "allocator-wasm/src", "allocator-wasm/Cargo.toml", "allocator-wasm/component", "wit", "host/src/engine_config.rs"] {
+    for watched in [
+        "Cargo.toml",
+        "allocator-wasm/src",
+        "allocator-wasm/Cargo.toml",
+        "allocator-wasm/component",
+        "wit",
+        "host/src/engine_config.rs",
+        "host/src/policy_engine_config.rs",
+        "host/src/compat_hash.rs",
+    ] {
         println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
     }
 
@@ -41,6 +52,15 @@ fn main() -> Result<()> {
     let engine = wasmtime::Engine::new(&config)?;
     let cwasm = engine.precompile_component(&component).map_err(anyhow::Error::from).context("precompiling the engine component")?;
     std::fs::write(out_dir.join("thereabouts_allocator.cwasm"), cwasm)?;
+
+    // The compatibility keys of policy artifacts (compat_hash.rs): the plugin
+    // has no Cranelift and cannot compute them, so it learns them here, from
+    // the same configs and target the policy compiler uses. No newline.
+    for (file, mut config) in [("policy_compat.txt", policy_engine_config()), ("policy_fuel_compat.txt", policy_fuel_engine_config())] {
+        config.target(&target).map_err(anyhow::Error::from).with_context(|| format!("setting policy target {target}"))?;
+        let engine = wasmtime::Engine::new(&config).map_err(anyhow::Error::from).context("creating the policy engine")?;
+        std::fs::write(out_dir.join(file), compat_key(&engine))?;
+    }
     Ok(())
 }
 

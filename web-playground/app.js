@@ -235,6 +235,8 @@ function renderPreview() {
       if (c.ip) {
         if (c.address.length > widths[i]) widths[i] = c.address.length;
         row += `<div role="cell">${c.address}</div>`;
+      } else if (c.none) {
+        row += '<div class="out" role="cell">–</div>';
       } else {
         row += `<div class="out" role="cell">${c.failed ? 'no address' : 'exhausted'}</div>`;
       }
@@ -242,7 +244,7 @@ function renderPreview() {
     if (anyFail) {
       let note = '';
       if (!ok) {
-        const c = p.cells.find((x) => !x.ip);
+        const c = p.cells.find((x) => !x.ip && !x.none);
         const msg = c.exhausted || c.rejected || c.failed;
         note = msg === lastNote ? 'ADD fails (same error)' : `ADD fails: ${esc(msg)}`;
         lastNote = msg;
@@ -282,7 +284,7 @@ function applyChurn(deleteText, add) {
   if (missing.length) msg += ` (no pod ${compactList(missing)})`;
   msg += `; added ${added.length} pod${added.length === 1 ? '' : 's'}`;
   if (got.length) {
-    const shown = got.slice(0, 8).map((p) => `${p.pod} → ${p.cells.map((c) => c.ip).join(' + ')}`).join(', ');
+    const shown = got.slice(0, 8).map((p) => `${p.pod} → ${p.cells.filter((c) => c.ip).map((c) => c.ip).join(' + ')}`).join(', ');
     msg += `: ${shown}${got.length > 8 ? ', …' : ''}`;
   }
   if (failed) msg += `; ${failed} got no address (a range is exhausted)`;

@@ -11,7 +11,7 @@ use crate::cni_args::{self, CniArgs};
 use crate::error::{ConfigError, Result, code};
 use crate::gojson;
 use crate::ip::{self, Family, format_ip, to_u128};
-use crate::model::{DatastoreSettings, NormalizedConfig, NormalizedRange, StaticAddress};
+use crate::model::{DatastoreSettings, NormalizedConfig, NormalizedRange, RangesAllocation, StaticAddress};
 use crate::range::{RangeSpec, normalize_range};
 use crate::routes;
 
@@ -35,7 +35,7 @@ pub const FLAT_FILE_PATHS: [&str; 4] = [
 
 /// `ipam` keys merged from the flat file when the inline config leaves them empty.
 /// `enable_overlapping_ranges` is deliberately absent: the flat file cannot change it.
-const MERGED_KEYS: [&str; 29] = [
+const MERGED_KEYS: [&str; 31] = [
     "range",
     "range_start",
     "range_end",
@@ -65,6 +65,8 @@ const MERGED_KEYS: [&str; 29] = [
     "leader_renew_deadline",
     "leader_retry_period",
     "node_slice_size",
+    "ipRangesAllocation",
+    "policies",
 ];
 
 /// Nested objects merged field by field (mergo's deep merge through structs).
@@ -317,6 +319,17 @@ fn datastore_settings(ipam: &Map<String, Value>) -> Result<DatastoreSettings> {
     })
 }
 
+/// `ipRangesAllocation`: the spelling of whereabouts' proposal (PR #738), exactly.
+fn ranges_allocation(ipam: &Map<String, Value>) -> Result<RangesAllocation> {
+    match gojson::string(ipam, "ipRangesAllocation", "ipam.ipRangesAllocation")?.as_deref() {
+        None | Some("all") => Ok(RangesAllocation::All),
+        Some("first_available") => Ok(RangesAllocation::FirstAvailable),
+        Some(other) => {
+            Err(ConfigError::invalid("ipam.ipRangesAllocation", format!("unknown value {other:?}; choose \"all\" (the default) or \"first_available\"")))
+        }
+    }
+}
+
 /// Versions before 0.3.0 carry one `ip4` and one `ip6` in a result.
 fn check_addresses_fit_version(cni_version: &str, ranges: &[NormalizedRange], statics: &[StaticAddress]) -> Result<()> {
     if !matches!(cni_version, "0.1.0" | "0.2.0") {
@@ -421,6 +434,8 @@ pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) 
         enable_overlapping_ranges: gojson::boolean(&ipam, "enable_overlapping_ranges", "ipam.enable_overlapping_ranges")?.unwrap_or(true),
         network_name,
         ranges,
+        ip_ranges_allocation: ranges_allocation(&ipam)?,
+        policies: crate::policies_config::policies(&ipam)?,
         addresses,
         routes_json,
         dns_json,

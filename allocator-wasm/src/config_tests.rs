@@ -286,3 +286,47 @@ fn network_name_must_make_valid_object_names() {
     let e = err(json!({"type": "whereabouts", "range": "192.0.2.0/24", "network_name": "Bad_Name"}));
     assert_eq!(e.field, "ipam.network_name");
 }
+
+#[test]
+fn ip_ranges_allocation_defaults_to_all_and_reads_first_available() {
+    let with = |v: Value| ok(json!({"type": "whereabouts", "range": "192.0.2.0/24", "ipRangesAllocation": v})).ip_ranges_allocation;
+    assert_eq!(ok(json!({"type": "whereabouts", "range": "192.0.2.0/24"})).ip_ranges_allocation, RangesAllocation::All);
+    assert_eq!(with(json!("all")), RangesAllocation::All);
+    assert_eq!(with(json!("first_available")), RangesAllocation::FirstAvailable);
+    // Keys match like Go's; the values are exact.
+    let c = ok(json!({"type": "whereabouts", "range": "192.0.2.0/24", "iprangesallocation": "first_available"}));
+    assert_eq!(c.ip_ranges_allocation, RangesAllocation::FirstAvailable);
+}
+
+#[test]
+fn a_bad_ip_ranges_allocation_names_the_value_and_the_choices() {
+    let e = err(json!({"type": "whereabouts", "range": "192.0.2.0/24", "ipRangesAllocation": "first-available"}));
+    assert_eq!((e.code, e.field.as_str()), (7, "ipam.ipRangesAllocation"));
+    assert!(e.message.contains("\"first-available\"") && e.message.contains("\"all\"") && e.message.contains("\"first_available\""), "{}", e.message);
+    let e = err(json!({"type": "whereabouts", "range": "192.0.2.0/24", "ipRangesAllocation": 1}));
+    assert_eq!((e.code, e.field.as_str()), (7, "ipam.ipRangesAllocation"));
+}
+
+#[test]
+fn ip_ranges_allocation_and_policies_come_from_the_flat_file_unless_inline() {
+    let flat = json!({"ipRangesAllocation": "first_available", "policies": [{"name": "flat", "path": "/flat.wasm"}]}).to_string();
+    let c = normalize(&conf(json!({"type": "whereabouts", "range": "192.0.2.0/24"})), Some(&flat), ARGS).unwrap();
+    assert_eq!(c.ip_ranges_allocation, RangesAllocation::FirstAvailable);
+    assert_eq!(c.policies.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["flat"]);
+    let inline =
+        conf(json!({"type": "whereabouts", "range": "192.0.2.0/24", "ipRangesAllocation": "all", "policies": [{"name": "inline", "path": "/i.wasm"}]}));
+    let c = normalize(&inline, Some(&flat), ARGS).unwrap();
+    assert_eq!(c.ip_ranges_allocation, RangesAllocation::All);
+    assert_eq!(c.policies.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["inline"]);
+}
+
+#[test]
+fn policies_are_read_from_ipam_and_their_errors_name_the_field() {
+    let c = ok(json!({"type": "whereabouts", "range": "192.0.2.0/24", "policies": [{"name": "zone", "path": "/opt/zone.wasm", "timeout_ms": 50}]}));
+    assert_eq!((c.policies[0].name.as_str(), c.policies[0].timeout_ms, c.policies[0].memory_mib), ("zone", 50, 4));
+    assert!(ok(json!({"type": "whereabouts", "range": "192.0.2.0/24"})).policies.is_empty());
+    let e = err(json!({"type": "whereabouts", "range": "192.0.2.0/24", "policies": [{"name": "zone", "path": "/z.wasm", "timeout_ms": 0}]}));
+    assert_eq!((e.code, e.field.as_str()), (7, "ipam.policies[0].timeout_ms"));
+    let e = err(json!({"type": "whereabouts", "range": "192.0.2.0/24", "policies": "zone"}));
+    assert_eq!((e.code, e.field.as_str()), (7, "ipam.policies"));
+}

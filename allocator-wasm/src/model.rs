@@ -94,6 +94,10 @@ pub struct NormalizedConfig {
     pub network_name: String,
     pub enable_overlapping_ranges: bool,
     pub ranges: Vec<NormalizedRange>,
+    /// `ipRangesAllocation`: every range, or the first with a free address.
+    pub ip_ranges_allocation: RangesAllocation,
+    /// `policies`, validated (see `crate::policies_config`).
+    pub policies: Vec<PolicyConfig>,
     pub addresses: Vec<StaticAddress>,
     pub routes_json: Option<String>,
     pub dns_json: Option<String>,
@@ -109,6 +113,46 @@ impl NormalizedConfig {
     pub fn range_of_pool(&self, pool_name: &str) -> Option<&NormalizedRange> {
         self.ranges.iter().find(|r| r.pool_name == pool_name)
     }
+}
+
+/// `ipRangesAllocation` (see `ranges-allocation` in the WIT).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RangesAllocation {
+    /// One address from each range (whereabouts' behaviour).
+    #[default]
+    All,
+    /// One address from the first range, in order, that has a free one.
+    FirstAvailable,
+}
+
+/// One entry of `policies` (see `policy-config` in the WIT).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyConfig {
+    pub name: String,
+    pub path: String,
+    /// Compact JSON text.
+    pub settings: String,
+    pub timeout_ms: u32,
+    pub memory_mib: u32,
+    pub on_error: PolicyOnError,
+    pub mode: PolicyMode,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyOnError {
+    #[default]
+    Deny,
+    Ignore,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyMode {
+    #[default]
+    Enforce,
+    Monitor,
 }
 
 /// One pool entry as a datastore holds it.
@@ -195,10 +239,46 @@ pub struct Request {
     /// Conflicts this call already met (0: lowest free, whereabouts' rule). See
     /// `request.contention` in the WIT and [`crate::planner::spread_window`].
     pub contention: u32,
+    /// What the config's policies decided (see `guidance` in the WIT and
+    /// [`crate::guidance`]); `None` without policies.
+    pub guidance: Option<Guidance>,
+}
+
+/// Policies' decisions for one attachment (see `guidance` in the WIT).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Guidance {
+    /// The ranges to serve, in order; `None`: every range in config order.
+    pub ranges: Option<Vec<u32>>,
+    /// At most one per range.
+    pub picks: Vec<RangePick>,
+}
+
+/// A policy's choice in one range (see `range-pick` in the WIT).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RangePick {
+    pub range_index: u32,
+    /// Addresses in order of preference; empty: the built-in choice.
+    pub prefer: Vec<String>,
+    /// Addresses the built-in choice skips as if excluded.
+    pub refuse: Vec<String>,
+    /// The range gives the attachment nothing, for this reason.
+    pub veto: Option<String>,
+}
+
+/// What a policy is offered in one range (see `range-candidates` in the WIT).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeCandidates {
+    pub range_index: u32,
+    /// The lowest free addresses, without prefix, in address order.
+    pub free: Vec<String>,
+    /// The address the pod already holds in the range's pool.
+    pub held: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Assignment {
+    /// Index of the range (into the config's ranges) the address is from.
+    pub range_index: u32,
     pub ip: String,
     pub address: String,
     pub offset: u128,
@@ -229,14 +309,23 @@ impl PlanOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "failure", rename_all = "kebab-case")]
 pub enum PlanFailure {
-    Exhausted { message: String },
-    Rejected { message: String },
+    Exhausted {
+        message: String,
+    },
+    Rejected {
+        message: String,
+    },
+    /// A policy's pick in range `range_index` cannot be had (see `bad-pick` in the WIT).
+    BadPick {
+        range_index: u32,
+        message: String,
+    },
 }
 
 impl PlanFailure {
     pub fn message(&self) -> &str {
         match self {
-            PlanFailure::Exhausted { message } | PlanFailure::Rejected { message } => message,
+            PlanFailure::Exhausted { message } | PlanFailure::Rejected { message } | PlanFailure::BadPick { message, .. } => message,
         }
     }
 }

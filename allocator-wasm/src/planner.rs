@@ -15,10 +15,12 @@
 use std::net::IpAddr;
 
 use crate::attachment::{Holder, Ifname, same_attachment};
+use crate::error::ConfigError;
+use crate::guidance;
 use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, parse_ip_strict, to_u128};
 use crate::model::{
     Allocation, Assignment, Attachment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, PreviewFailure, PreviewTable,
-    Released, Request, Reservations,
+    RangeCandidates, RangePick, RangesAllocation, Released, Request, Reservations,
 };
 use crate::naming::reservation_name_of;
 use crate::pools;
@@ -163,9 +165,9 @@ fn address_texts(range: &NormalizedRange, offset: u128) -> (String, String) {
     (ip, address)
 }
 
-fn assignment(range: &NormalizedRange, offset: u128, network_name: &str) -> Assignment {
-    let (ip, address) = address_texts(range, offset);
-    Assignment { reservation: reservation_name_of(&ip, network_name), address, ip, offset, gateway: range.gateway.clone() }
+fn assignment(at: &RangeAt, offset: u128, network_name: &str) -> Assignment {
+    let (ip, address) = address_texts(at.range, offset);
+    Assignment { range_index: at.index, reservation: reservation_name_of(&ip, network_name), address, ip, offset, gateway: at.range.gateway.clone() }
 }
 
 /// whereabouts' exhaustion message (allocate.go AssignmentError), kept verbatim
@@ -218,21 +220,60 @@ fn spread_index(req: &Request, window: usize) -> usize {
 /// Reservation names are not scoped by a network name (a range alone has none);
 /// [`plan_all`] scopes them.
 pub fn plan(range: &NormalizedRange, pool: &PoolSnapshot, req: &Request) -> Result<PlanOutcome, PlanFailure> {
-    plan_range(range, pool, &[], req, "")
+    plan_range(&RangeAt { range, index: 0, pick: None }, pool, Vec::new(), req, "").map_err(|miss| miss.failure)
 }
 
-fn plan_range(range: &NormalizedRange, pool: &PoolSnapshot, also_reserved: &[u128], req: &Request, network_name: &str) -> Result<PlanOutcome, PlanFailure> {
+/// A range as one plan sees it: its index in the config and the policies' pick.
+struct RangeAt<'a> {
+    range: &'a NormalizedRange,
+    index: u32,
+    pick: Option<&'a RangePick>,
+}
+
+/// Why one range did not serve a request. `skippable`: the range has no room
+/// for it (exhausted, or a policy vetoed it), so `first-available` tries the
+/// next; anything else (a bad answer, a requested address that cannot be had)
+/// fails the request.
+struct Miss {
+    failure: PlanFailure,
+    skippable: bool,
+}
+
+impl Miss {
+    fn fatal(failure: PlanFailure) -> Self {
+        Miss { failure, skippable: false }
+    }
+}
+
+/// The pod's own entry in a pool, if it holds one.
+fn held_by<'p>(pool: &'p PoolSnapshot, req: &Request) -> Option<(usize, &'p Allocation)> {
+    pool.held.iter().enumerate().find(|(_, e)| is_same_attachment(e, req))
+}
+
+fn plan_range(at: &RangeAt, pool: &PoolSnapshot, mut also_reserved: Vec<u128>, req: &Request, network_name: &str) -> Result<PlanOutcome, Miss> {
+    let range = at.range;
     // An address the attachment already holds is kept even when it is excluded or
     // the gateway (written before that was configured, or by whereabouts): moving
-    // a running pod is worse, and nothing new is handed out.
-    if let Some((index, entry)) = pool.held.iter().enumerate().find(|(_, e)| is_same_attachment(e, req)) {
-        return Ok(PlanOutcome::Reuse { assignment: assignment(range, entry.offset, network_name), held_index: index as u32 });
+    // a running pod is worse, and nothing new is handed out. It beats a policy's
+    // pick too: a policy is never asked to move a running pod.
+    if let Some((index, entry)) = held_by(pool, req) {
+        return Ok(PlanOutcome::Reuse { assignment: assignment(at, entry.offset, network_name), held_index: index as u32 });
     }
+    if let Some(reason) = at.pick.and_then(|p| p.veto.as_ref()) {
+        let message = format!("range {} vetoed by a policy: {reason}", range.cidr);
+        return Err(Miss { failure: PlanFailure::Rejected { message }, skippable: true });
+    }
+    let refused = guidance::refused_offsets(range, at.pick);
     if let Some(text) = &req.requested_ip {
-        return plan_requested(range, pool.occupied().chain(also_reserved.iter().copied()), text, network_name);
+        return plan_requested(at, pool.occupied().chain(also_reserved.iter().copied()), &refused, text, network_name).map_err(Miss::fatal);
     }
+    if let Some(prefer) = at.pick.map(|p| &p.prefer).filter(|p| !p.is_empty()) {
+        return plan_preferred(at, pool, &also_reserved, &refused, prefer, network_name).map_err(Miss::fatal);
+    }
+    // Refused addresses are skipped as if excluded, under contention too.
+    also_reserved.extend(refused);
     let window = spread_window(req.contention);
-    let mut free = FreeRanks::new(range, pool, also_reserved, window);
+    let mut free = FreeRanks::new(range, pool, &also_reserved, window);
     let chosen = if window == 1 {
         free.next_offset()
     } else {
@@ -241,12 +282,40 @@ fn plan_range(range: &NormalizedRange, pool: &PoolSnapshot, also_reserved: &[u12
         (!candidates.is_empty()).then(|| candidates[spread_index(req, candidates.len())])
     };
     match chosen {
-        Some(offset) => Ok(PlanOutcome::Fresh { assignment: assignment(range, offset, network_name) }),
-        None => Err(PlanFailure::Exhausted { message: exhausted_message(range) }),
+        Some(offset) => Ok(PlanOutcome::Fresh { assignment: assignment(at, offset, network_name) }),
+        None => Err(Miss { failure: PlanFailure::Exhausted { message: exhausted_message(range) }, skippable: true }),
     }
 }
 
-fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>, text: &str, network_name: &str) -> Result<PlanOutcome, PlanFailure> {
+/// A policy's `prefer` list: every entry must be an address the range hands
+/// out (else the answer is bad), and the first that is free is taken.
+fn plan_preferred(
+    at: &RangeAt,
+    pool: &PoolSnapshot,
+    also_reserved: &[u128],
+    refused: &[u128],
+    prefer: &[String],
+    network_name: &str,
+) -> Result<PlanOutcome, PlanFailure> {
+    let cidr = &at.range.cidr;
+    let offsets = prefer
+        .iter()
+        .map(|text| guidance::preferred_offset(at.range, text))
+        .collect::<Result<Vec<u128>, String>>()
+        .map_err(|why| PlanFailure::BadPick { range_index: at.index, message: format!("policy preference in range {cidr}: {why}") })?;
+    // A preference list is short: a scan of the pool per entry costs less than indexing it.
+    let taken = |o: u128| refused.contains(&o) || also_reserved.contains(&o) || pool.occupied().any(|t| t == o);
+    match offsets.into_iter().find(|&o| !taken(o)) {
+        Some(offset) => Ok(PlanOutcome::Fresh { assignment: assignment(at, offset, network_name) }),
+        None => Err(PlanFailure::BadPick {
+            range_index: at.index,
+            message: format!("policy preference in range {cidr}: every preferred address is taken: {}", prefer.join(", ")),
+        }),
+    }
+}
+
+fn plan_requested(at: &RangeAt, mut taken: impl Iterator<Item = u128>, refused: &[u128], text: &str, network_name: &str) -> Result<PlanOutcome, PlanFailure> {
+    let range = at.range;
     let reject = |why: String| Err(PlanFailure::Rejected { message: format!("requested address {text}: {why}") });
     let bare = text.split_once('/').map_or(text, |(ip, _)| ip);
     let Some(ip) = parse_ip_sloppy(bare) else { return reject("not an IP address".into()) };
@@ -266,10 +335,13 @@ fn plan_requested(range: &NormalizedRange, mut taken: impl Iterator<Item = u128>
     if Candidates::of(range).rank(offset).is_none() {
         return reject(format!("excluded in {} (exclude: [{}])", range.cidr, range.excludes.join(" ")));
     }
+    if refused.contains(&offset) {
+        return reject(format!("refused by a policy in {}", range.cidr));
+    }
     if taken.any(|t| t == offset) {
         return reject(format!("already allocated in {}", range.cidr));
     }
-    Ok(PlanOutcome::Fresh { assignment: assignment(range, offset, network_name) })
+    Ok(PlanOutcome::Fresh { assignment: assignment(at, offset, network_name) })
 }
 
 /// The offsets of `range`'s network among the absolute addresses chosen so far
@@ -280,22 +352,103 @@ fn earlier_choices_in(range: &NormalizedRange, earlier: &[(Family, u128)]) -> im
     earlier.iter().filter(move |(f, v)| range.network_contains(*f, *v)).map(move |(_, v)| v - range.network)
 }
 
-/// Plan every range of a config. See `plan-all` in the WIT.
+/// Plan the ranges of a config a request is served from. See `plan-all` in the WIT.
+///
+/// The ranges are those of `req.guidance` (else all), in its order. With
+/// `ip-ranges-allocation` `all` each is planned and the first failure fails
+/// the request; with `first-available` the first that serves it is the only
+/// one, a range the pod already holds an address in first (an ADD is
+/// idempotent: a retried or repeated ADD keeps the pod where it is, even when
+/// an earlier range has room again). An exhausted or vetoed range is skipped
+/// there; when none serves, the last one's failure is the answer.
 pub fn plan_all(config: &NormalizedConfig, pools: &[PoolState], reservations: Reservations, req: &Request) -> Result<Vec<PlanOutcome>, PlanFailure> {
-    let mut outcomes = Vec::with_capacity(config.ranges.len());
-    let mut chosen: Vec<(Family, u128)> = Vec::with_capacity(config.ranges.len());
-    for range in &config.ranges {
-        let request = Request { requested_ip: range.requested.clone(), ..req.clone() };
+    let guided = guidance::resolve(config.ranges.len(), req.guidance.as_ref())?;
+    let first_available = config.ip_ranges_allocation == RangesAllocation::FirstAvailable;
+    let mut order = guided.order.clone();
+    if first_available && let Some(held) = order.iter().position(|&i| held_by(pools::snapshot_of(pools, &config.ranges[i].pool_name), req).is_some()) {
+        order = vec![order[held]];
+    }
+    let mut outcomes = Vec::with_capacity(order.len());
+    let mut chosen: Vec<(Family, u128)> = Vec::with_capacity(order.len());
+    let mut last_miss = None;
+    for index in order {
+        let range = &config.ranges[index];
+        // The guidance is applied here, through `at`: the per-range request does not carry it.
+        let request = Request {
+            container_id: req.container_id.clone(),
+            pod_ref: req.pod_ref.clone(),
+            ifname: req.ifname.clone(),
+            requested_ip: range.requested.clone(),
+            contention: req.contention,
+            guidance: None,
+        };
         let mut also_reserved = match reservations {
             Reservations::FromPools if config.enable_overlapping_ranges => pools::held_by_other_pools(config, pools, range),
             _ => Vec::new(),
         };
         also_reserved.extend(earlier_choices_in(range, &chosen));
-        let outcome = plan_range(range, pools::snapshot_of(pools, &range.pool_name), &also_reserved, &request, &config.network_name)?;
-        chosen.push((range.family, range.network + outcome.assignment().offset));
-        outcomes.push(outcome);
+        let at = RangeAt { range, index: index as u32, pick: guided.pick(index) };
+        match plan_range(&at, pools::snapshot_of(pools, &range.pool_name), also_reserved, &request, &config.network_name) {
+            Ok(outcome) => {
+                chosen.push((range.family, range.network + outcome.assignment().offset));
+                outcomes.push(outcome);
+                if first_available {
+                    return Ok(outcomes);
+                }
+            }
+            Err(miss) if first_available && miss.skippable => last_miss = Some(miss.failure),
+            Err(miss) => return Err(miss.failure),
+        }
     }
-    Ok(outcomes)
+    match last_miss {
+        Some(failure) => Err(failure),
+        None => Ok(outcomes),
+    }
+}
+
+/// The most free addresses [`candidates`] lists per range, whatever it is asked
+/// for: the list crosses to a policy, and its bitmap is sized by it.
+pub const MAX_CANDIDATES: u32 = 65_536;
+
+/// What a policy is offered in each of `ranges`. See `candidates` in the WIT.
+///
+/// The lowest `limit` (at most [`MAX_CANDIDATES`]) free addresses, on
+/// `plan_all`'s rules minus the request's own choices (none is made yet): the
+/// pool's entries, its reservations (and, with [`Reservations::FromPools`],
+/// the other pools' entries) and the pick's `refuse` list are skipped. A range
+/// the pod already holds an address in offers just that one (`held`). With k
+/// such offsets the lowest free ranks are among the first k + limit, so the
+/// cost is O(k log e + limit) whatever the range's size.
+pub fn candidates(
+    config: &NormalizedConfig,
+    pools: &[PoolState],
+    reservations: Reservations,
+    req: &Request,
+    ranges: &[u32],
+    limit: u32,
+) -> Result<Vec<RangeCandidates>, ConfigError> {
+    let picks = req.guidance.as_ref().map(|g| g.picks.as_slice()).unwrap_or_default();
+    let limit = limit.min(MAX_CANDIDATES) as usize;
+    let mut out = Vec::with_capacity(ranges.len());
+    for (i, &range_index) in ranges.iter().enumerate() {
+        let range = usize::try_from(range_index).ok().and_then(|index| config.ranges.get(index)).ok_or_else(|| {
+            ConfigError::invalid("ranges", format!("ranges[{i}] is {range_index}, but the config has {} range(s) (indexes from 0)", config.ranges.len()))
+        })?;
+        let pool = pools::snapshot_of(pools, &range.pool_name);
+        if let Some((_, entry)) = held_by(pool, req) {
+            out.push(RangeCandidates { range_index, free: Vec::new(), held: address_at(range, entry.offset).map(format_ip) });
+            continue;
+        }
+        let mut also_reserved = match reservations {
+            Reservations::FromPools if config.enable_overlapping_ranges => pools::held_by_other_pools(config, pools, range),
+            _ => Vec::new(),
+        };
+        also_reserved.extend(guidance::refused_offsets(range, picks.iter().find(|p| p.range_index == range_index)));
+        let mut free = FreeRanks::new(range, pool, &also_reserved, limit);
+        let free = std::iter::from_fn(|| free.next_offset()).take(limit).map(|offset| address_texts(range, offset).0).collect();
+        out.push(RangeCandidates { range_index, free, held: None });
+    }
+    Ok(out)
 }
 
 /// What `pods` successive new pods would get. See `preview` in the WIT.
@@ -305,9 +458,16 @@ pub fn plan_all(config: &NormalizedConfig, pools: &[PoolState], reservations: Re
 /// overlap never hand out one address twice, in the same order ADDs would.
 /// Without releases a range that runs out stays out, so the first pod whose ADD
 /// fails is followed only by failing pods.
+///
+/// With `first-available` a pod gets one address, from the first range with
+/// room; its line still has one entry per range, in range order, `-` for each
+/// range it gets nothing from (its offset 0), so every consumer reads the
+/// table by the same rule. A pod fails only when every range is out; the
+/// failure names the last range.
 pub fn preview(config: &NormalizedConfig, pools: &[PoolState], pods: u32) -> PreviewTable {
     let pods = pods as usize;
     let ranges = &config.ranges;
+    let first_available = config.ip_ranges_allocation == RangesAllocation::FirstAvailable;
     // Each range walks its own free addresses lowest first; an address another
     // range handed out in the meantime is skipped, as its reservation would be.
     let want = pods.saturating_mul(ranges.len().max(1));
@@ -315,10 +475,15 @@ pub fn preview(config: &NormalizedConfig, pools: &[PoolState], pods: u32) -> Pre
     let overlapping = ranges_overlap(ranges);
     let mut handed_out: std::collections::HashSet<(Family, u128)> = std::collections::HashSet::new();
     let mut table = PreviewTable::default();
-    let mut offsets = Vec::with_capacity(ranges.len());
+    // One slot per range; `None`: the pod gets nothing there (first-available).
+    let mut offsets: Vec<Option<u128>> = Vec::with_capacity(ranges.len());
     while (table.served as usize) < pods {
         offsets.clear();
         for (i, range) in ranges.iter().enumerate() {
+            if first_available && offsets.iter().any(Option::is_some) {
+                offsets.push(None);
+                continue;
+            }
             let next = loop {
                 match free[i].next_offset() {
                     Some(o) if overlapping && handed_out.contains(&(range.family, range.network + o)) => continue,
@@ -326,27 +491,40 @@ pub fn preview(config: &NormalizedConfig, pools: &[PoolState], pods: u32) -> Pre
                 }
             };
             let Some(offset) = next else {
-                table.failure = Some(PreviewFailure {
-                    range_index: i as u32,
-                    exhausted: exhausted_message(range),
-                    rejected: format!("not allocated: the ADD fails because range {} has no free address", range.cidr),
-                });
+                if first_available && i + 1 < ranges.len() {
+                    offsets.push(None);
+                    continue;
+                }
+                let rejected = if first_available {
+                    "not allocated: the ADD fails because no range has a free address".to_string()
+                } else {
+                    format!("not allocated: the ADD fails because range {} has no free address", range.cidr)
+                };
+                table.failure = Some(PreviewFailure { range_index: i as u32, exhausted: exhausted_message(range), rejected });
                 return table;
             };
             if overlapping {
                 handed_out.insert((range.family, range.network + offset));
             }
-            offsets.push(offset);
+            offsets.push(Some(offset));
         }
         if table.served > 0 {
             table.addresses.push('\n');
         }
-        for (i, (range, &offset)) in ranges.iter().zip(&offsets).enumerate() {
+        for (i, (range, offset)) in ranges.iter().zip(&offsets).enumerate() {
             if i > 0 {
                 table.addresses.push(' ');
             }
-            table.addresses.push_str(&address_texts(range, offset).1);
-            table.offsets.push(offset);
+            match offset {
+                Some(offset) => {
+                    table.addresses.push_str(&address_texts(range, *offset).1);
+                    table.offsets.push(*offset);
+                }
+                None => {
+                    table.addresses.push('-');
+                    table.offsets.push(0);
+                }
+            }
         }
         table.served += 1;
     }
@@ -391,3 +569,7 @@ pub fn offset_of(range: &NormalizedRange, ip: IpAddr) -> Option<u128> {
 #[cfg(test)]
 #[path = "planner_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "planner_guided_tests.rs"]
+mod guided_tests;

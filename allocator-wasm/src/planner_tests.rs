@@ -14,7 +14,14 @@ fn range_with(text: &str, exclude: &[&str]) -> NormalizedRange {
 }
 
 fn req(pod: &str, ifname: &str) -> Request {
-    Request { container_id: format!("c-{pod}-{ifname}"), pod_ref: format!("default/{pod}"), ifname: ifname.into(), requested_ip: None, contention: 0 }
+    Request {
+        container_id: format!("c-{pod}-{ifname}"),
+        pod_ref: format!("default/{pod}"),
+        ifname: ifname.into(),
+        requested_ip: None,
+        contention: 0,
+        guidance: None,
+    }
 }
 
 fn taken(offsets: &[u128]) -> PoolSnapshot {
@@ -205,7 +212,7 @@ fn without_pod_ref_container_id_and_ifname_identify_the_attachment() {
     let r = range("192.0.2.0/24");
     let held = vec![Allocation { offset: 4, container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into() }];
     let pool = PoolSnapshot { held, ..taken(&[4]) };
-    let request = Request { container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into(), requested_ip: None, contention: 0 };
+    let request = Request { container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into(), requested_ip: None, contention: 0, guidance: None };
     assert!(matches!(plan(&r, &pool, &request), Ok(PlanOutcome::Reuse { .. })));
 }
 

@@ -120,6 +120,8 @@ macro_rules! wit_conversions {
                     network_name: c.network_name.clone(),
                     enable_overlapping_ranges: c.enable_overlapping_ranges,
                     ranges: c.ranges.iter().map(range_to_wit).collect(),
+                    ip_ranges_allocation: ranges_allocation_to_wit(c.ip_ranges_allocation),
+                    policies: c.policies.iter().map(policy_to_wit).collect(),
                     addresses: c
                         .addresses
                         .iter()
@@ -150,6 +152,8 @@ macro_rules! wit_conversions {
                 let d = c.datastore;
                 Ok(model::NormalizedConfig {
                     ranges: c.ranges.into_iter().map(range_from_wit).collect::<Result<_, _>>()?,
+                    ip_ranges_allocation: ranges_allocation_from_wit(c.ip_ranges_allocation),
+                    policies: c.policies.into_iter().map(policy_from_wit).collect(),
                     addresses: c
                         .addresses
                         .into_iter()
@@ -178,6 +182,56 @@ macro_rules! wit_conversions {
                     log_level: c.log_level,
                     configuration_path: c.configuration_path,
                 })
+            }
+
+            pub fn ranges_allocation_to_wit(a: model::RangesAllocation) -> wit::RangesAllocation {
+                match a {
+                    model::RangesAllocation::All => wit::RangesAllocation::All,
+                    model::RangesAllocation::FirstAvailable => wit::RangesAllocation::FirstAvailable,
+                }
+            }
+
+            pub fn ranges_allocation_from_wit(a: wit::RangesAllocation) -> model::RangesAllocation {
+                match a {
+                    wit::RangesAllocation::All => model::RangesAllocation::All,
+                    wit::RangesAllocation::FirstAvailable => model::RangesAllocation::FirstAvailable,
+                }
+            }
+
+            pub fn policy_to_wit(p: &model::PolicyConfig) -> wit::PolicyConfig {
+                wit::PolicyConfig {
+                    name: p.name.clone(),
+                    path: p.path.clone(),
+                    settings: p.settings.clone(),
+                    timeout_ms: p.timeout_ms,
+                    memory_mib: p.memory_mib,
+                    on_error: match p.on_error {
+                        model::PolicyOnError::Deny => wit::PolicyOnError::Deny,
+                        model::PolicyOnError::Ignore => wit::PolicyOnError::Ignore,
+                    },
+                    mode: match p.mode {
+                        model::PolicyMode::Enforce => wit::PolicyMode::Enforce,
+                        model::PolicyMode::Monitor => wit::PolicyMode::Monitor,
+                    },
+                }
+            }
+
+            pub fn policy_from_wit(p: wit::PolicyConfig) -> model::PolicyConfig {
+                model::PolicyConfig {
+                    name: p.name,
+                    path: p.path,
+                    settings: p.settings,
+                    timeout_ms: p.timeout_ms,
+                    memory_mib: p.memory_mib,
+                    on_error: match p.on_error {
+                        wit::PolicyOnError::Deny => model::PolicyOnError::Deny,
+                        wit::PolicyOnError::Ignore => model::PolicyOnError::Ignore,
+                    },
+                    mode: match p.mode {
+                        wit::PolicyMode::Enforce => model::PolicyMode::Enforce,
+                        wit::PolicyMode::Monitor => model::PolicyMode::Monitor,
+                    },
+                }
             }
 
             pub fn allocation_to_wit(a: &model::Allocation) -> wit::Allocation {
@@ -225,21 +279,78 @@ macro_rules! wit_conversions {
                 }
             }
 
+            pub fn guidance_to_wit(g: &model::Guidance) -> wit::Guidance {
+                wit::Guidance {
+                    ranges: g.ranges.clone(),
+                    picks: g
+                        .picks
+                        .iter()
+                        .map(|p| wit::RangePick { range_index: p.range_index, prefer: p.prefer.clone(), refuse: p.refuse.clone(), veto: p.veto.clone() })
+                        .collect(),
+                }
+            }
+
+            pub fn guidance_from_wit(g: wit::Guidance) -> model::Guidance {
+                model::Guidance {
+                    ranges: g.ranges,
+                    picks: g
+                        .picks
+                        .into_iter()
+                        .map(|p| model::RangePick { range_index: p.range_index, prefer: p.prefer, refuse: p.refuse, veto: p.veto })
+                        .collect(),
+                }
+            }
+
             pub fn request_to_wit(r: &model::Request) -> wit::Request {
-                wit::Request { container_id: r.container_id.clone(), pod_ref: r.pod_ref.clone(), ifname: r.ifname.clone(), contention: r.contention }
+                wit::Request {
+                    container_id: r.container_id.clone(),
+                    pod_ref: r.pod_ref.clone(),
+                    ifname: r.ifname.clone(),
+                    contention: r.contention,
+                    guidance: r.guidance.as_ref().map(guidance_to_wit),
+                }
             }
 
             pub fn request_from_wit(r: wit::Request) -> model::Request {
                 // `requested_ip` is the planner's own: `plan_all` sets it from each range's `requested`.
-                model::Request { container_id: r.container_id, pod_ref: r.pod_ref, ifname: r.ifname, requested_ip: None, contention: r.contention }
+                model::Request {
+                    container_id: r.container_id,
+                    pod_ref: r.pod_ref,
+                    ifname: r.ifname,
+                    requested_ip: None,
+                    contention: r.contention,
+                    guidance: r.guidance.map(guidance_from_wit),
+                }
             }
 
             pub fn assignment_to_wit(a: model::Assignment) -> wit::Assignment {
-                wit::Assignment { ip: a.ip, address: a.address, offset: to_offset(a.offset), gateway: a.gateway, reservation: a.reservation }
+                wit::Assignment {
+                    range_index: a.range_index,
+                    ip: a.ip,
+                    address: a.address,
+                    offset: to_offset(a.offset),
+                    gateway: a.gateway,
+                    reservation: a.reservation,
+                }
             }
 
             pub fn assignment_from_wit(a: wit::Assignment) -> model::Assignment {
-                model::Assignment { ip: a.ip, address: a.address, offset: from_offset(a.offset), gateway: a.gateway, reservation: a.reservation }
+                model::Assignment {
+                    range_index: a.range_index,
+                    ip: a.ip,
+                    address: a.address,
+                    offset: from_offset(a.offset),
+                    gateway: a.gateway,
+                    reservation: a.reservation,
+                }
+            }
+
+            pub fn candidates_to_wit(c: model::RangeCandidates) -> wit::RangeCandidates {
+                wit::RangeCandidates { range_index: c.range_index, free: c.free, held: c.held }
+            }
+
+            pub fn candidates_from_wit(c: wit::RangeCandidates) -> model::RangeCandidates {
+                model::RangeCandidates { range_index: c.range_index, free: c.free, held: c.held }
             }
 
             pub fn outcome_to_wit(o: model::PlanOutcome) -> wit::PlanOutcome {
@@ -262,6 +373,7 @@ macro_rules! wit_conversions {
                 match f {
                     model::PlanFailure::Exhausted { message } => wit::PlanFailure::Exhausted(message),
                     model::PlanFailure::Rejected { message } => wit::PlanFailure::Rejected(message),
+                    model::PlanFailure::BadPick { range_index, message } => wit::PlanFailure::BadPick(wit::BadPick { range_index, message }),
                 }
             }
 
@@ -269,6 +381,7 @@ macro_rules! wit_conversions {
                 match f {
                     wit::PlanFailure::Exhausted(message) => model::PlanFailure::Exhausted { message },
                     wit::PlanFailure::Rejected(message) => model::PlanFailure::Rejected { message },
+                    wit::PlanFailure::BadPick(b) => model::PlanFailure::BadPick { range_index: b.range_index, message: b.message },
                 }
             }
 

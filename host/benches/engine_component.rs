@@ -41,7 +41,14 @@ fn busy_pool(name: &str) -> native::PoolState {
 }
 
 fn request() -> native::Request {
-    native::Request { container_id: "f".repeat(64), pod_ref: "default/bench-pod".into(), ifname: "net1".into(), requested_ip: None, contention: 0 }
+    native::Request {
+        container_id: "f".repeat(64),
+        pod_ref: "default/bench-pod".into(),
+        ifname: "net1".into(),
+        requested_ip: None,
+        contention: 0,
+        guidance: None,
+    }
 }
 
 fn plan_benches(c: &mut Criterion) {

@@ -183,6 +183,12 @@ pub enum CliCommand {
         #[arg(long, default_value = "verbose")]
         log_level: String,
     },
+    /// Policy extensions: compile one for the plugin, check its settings, run
+    /// a config's policies offline, measure their cost
+    Policy {
+        #[command(subcommand)]
+        command: crate::policy::tools::PolicyCommand,
+    },
     /// Write the embedded engine WebAssembly component (what the playground runs)
     EngineComponent {
         #[arg(long, value_name = "FILE")]
@@ -245,6 +251,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 once,
             })
         }
+        CliCommand::Policy { command } => finish(crate::policy::tools::run(command)),
         CliCommand::EngineComponent { out } => std::fs::write(&out, crate::component::COMPONENT_WASM).with_context(|| format!("writing {}", out.display())),
     }
 }
@@ -277,7 +284,8 @@ pub struct PreviewRange {
 pub struct PreviewPod {
     /// 1-based.
     pub pod: u32,
-    /// One per range, in range order: `ip/prefix`, or `null` for every range of a pod whose ADD would fail.
+    /// One per range, in range order: `ip/prefix`, or `null` for every range of a pod whose ADD would fail
+    /// (with `first_available`, also for the ranges a served pod gets nothing from).
     pub addresses: Vec<Option<String>>,
 }
 
@@ -300,7 +308,8 @@ pub fn preview_report(config: &NormalizedConfig, table: &PreviewTable, pods: u32
         pods: (1..=pods)
             .map(|pod| {
                 let addresses = match served.next() {
-                    Some(line) if !config.ranges.is_empty() => line.split(' ').map(|a| Some(a.to_string())).collect(),
+                    // `-`: a range the pod gets nothing from (`first_available`).
+                    Some(line) if !config.ranges.is_empty() => line.split(' ').map(|a| (a != "-").then(|| a.to_string())).collect(),
                     Some(_) => Vec::new(),
                     None => vec![None; config.ranges.len()],
                 };
@@ -330,12 +339,11 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Resu
             }));
             println!("{}", table(&rows));
             let mut rows = vec![std::iter::once("POD".to_string()).chain(report.ranges.iter().map(|r| r.cidr.clone())).collect::<Vec<_>>()];
-            rows.extend(
-                report
-                    .pods
-                    .iter()
-                    .map(|p| std::iter::once(p.pod.to_string()).chain(p.addresses.iter().map(|a| a.clone().unwrap_or_else(|| "exhausted".into()))).collect()),
-            );
+            rows.extend(report.pods.iter().map(|p| {
+                // A served pod's empty cells are ranges it does not use (`first_available`).
+                let none = if p.addresses.iter().any(Option::is_some) { "-" } else { "exhausted" };
+                std::iter::once(p.pod.to_string()).chain(p.addresses.iter().map(|a| a.clone().unwrap_or_else(|| none.into()))).collect()
+            }));
             print!("{}", table(&rows));
         }
     }
@@ -562,6 +570,20 @@ mod tests {
         let pods: Vec<_> = report.pods.iter().map(|p| (p.pod, p.addresses.clone())).collect();
         let some = |a: &str, b: &str| vec![Some(a.to_string()), Some(b.to_string())];
         assert_eq!(pods, [(1, some("192.0.2.1/30", "2001:db8::1/64")), (2, some("192.0.2.2/30", "2001:db8::2/64")), (3, vec![None, None])]);
+    }
+
+    #[test]
+    fn preview_with_first_available_reports_one_address_per_pod() {
+        let config = thereabouts_allocator::normalize(
+            r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","ipRangesAllocation":"first_available","ipRanges":[{"range":"192.0.2.0/30"},{"range":"2001:db8::/64"}]}}"#,
+            None,
+            "",
+        )
+        .unwrap();
+        let report = preview_report(&config, &thereabouts_allocator::preview(&config, &[], 3), 3);
+        let pods: Vec<_> = report.pods.iter().map(|p| p.addresses.clone()).collect();
+        let v4 = |a: &str| vec![Some(a.to_string()), None];
+        assert_eq!(pods, [v4("192.0.2.1/30"), v4("192.0.2.2/30"), vec![None, Some("2001:db8::1/64".to_string())]]);
     }
 
     #[test]

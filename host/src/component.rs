@@ -106,6 +106,23 @@ impl EngineComponent {
         Ok(out.map(|v| v.into_iter().map(outcome_from_wit).collect()).map_err(failure_from_wit))
     }
 
+    /// What a policy is offered in each of `ranges` (see `candidates` in the WIT).
+    pub fn candidates(
+        &mut self,
+        config: &model::NormalizedConfig,
+        pools: &[model::PoolState],
+        reservations: model::Reservations,
+        req: &model::Request,
+        ranges: &[u32],
+        limit: u32,
+    ) -> Result<Result<Vec<model::RangeCandidates>, ConfigError>> {
+        let api = self.instance.thereabouts_ipam_engine();
+        let pools: Vec<_> = pools.iter().map(pool_to_wit).collect();
+        let out =
+            api.call_candidates(&mut self.store, &config_to_wit(config), &pools, reservations_to_wit(reservations), &request_to_wit(req), ranges, limit)?;
+        Ok(out.map(|listed| listed.into_iter().map(candidates_from_wit).collect()).map_err(error_from_wit))
+    }
+
     pub fn release(
         &mut self,
         range: &model::NormalizedRange,

@@ -18,6 +18,7 @@ use thereabouts_allocator::model::{
 use crate::component::{EngineComponent, EngineFailure};
 use crate::datastore::{Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction};
 use crate::placement::Placement;
+use crate::policy::decide::{Guide, GuideError};
 
 /// Why a command's allocation cycle failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,9 @@ pub enum IpamError {
     /// The engine answered something that contradicts what it was given: a bug.
     #[error("engine answer inconsistent: {detail}")]
     EngineAnswer { detail: &'static str },
+    /// A policy stopped the ADD (it failed with `on_error: deny`, or refused).
+    #[error(transparent)]
+    Policy(#[from] crate::policy::failure::PolicyStop),
     /// Every slice this node holds of a sliced range is full: claim another
     /// ([`Placement::claim`]) and allocate again.
     #[error("the node's slices of range {cidr} are full")]
@@ -225,22 +229,82 @@ fn reserves(store: &dyn Datastore, config: &NormalizedConfig) -> bool {
 /// What a failed plan tells the runtime. Exhaustion keeps whereabouts' message.
 fn plan_failure(failure: PlanFailure) -> IpamError {
     match failure {
-        PlanFailure::Exhausted { message } | PlanFailure::Rejected { message } => IpamError::Unplaceable { message },
+        PlanFailure::Exhausted { message } | PlanFailure::Rejected { message } | PlanFailure::BadPick { message, .. } => IpamError::Unplaceable { message },
     }
 }
 
-/// ADD: one address from every range, all recorded in one commit, or none.
-/// Returns the assignments in range order.
+/// The config's pools as the engine plans an ADD on them.
+fn states_of(config: &NormalizedConfig, loaded: &BTreeMap<String, Pool>, asking: Holder, reserving: bool) -> Vec<PoolState> {
+    distinct_pools(config)
+        .iter()
+        .map(|pool| {
+            let entries = entries_of(loaded, &pool.name);
+            let mut state = pool_state(pool, entries);
+            // The pod's own entries (the container's outside Kubernetes): the
+            // engine decides whether one is this attachment's address to keep.
+            state.snapshot.held = entries.iter().filter(|e| same_holder(e.holder(), asking)).cloned().collect();
+            // Addresses an earlier attempt found reserved by an overlapping range.
+            if reserving {
+                state.snapshot.reserved = loaded.get(&pool.name).map(|p| p.reserved.clone()).unwrap_or_default();
+            }
+            state
+        })
+        .collect()
+}
+
+/// What a guided ADD would hand out (`ip/prefix` per range served), planned
+/// once on the pools as they are (or empty), without writing: `policy run`.
+pub fn plan_once(
+    engine: &mut EngineComponent,
+    config: &NormalizedConfig,
+    container_id: &str,
+    ifname: &str,
+    guide: &Guide,
+    from_datastore: bool,
+) -> anyhow::Result<Vec<String>> {
+    let pools = distinct_pools(config);
+    let loaded = if from_datastore {
+        let store = crate::datastore::open(&config.datastore, &config.name)?;
+        read_all(store.as_ref(), &pools, Instant::now() + Duration::from_secs(30))?
+    } else {
+        BTreeMap::new()
+    };
+    let mut request = Request {
+        container_id: container_id.into(),
+        pod_ref: config.pod_ref.clone(),
+        ifname: ifname.into(),
+        requested_ip: None,
+        contention: 0,
+        guidance: None,
+    };
+    let asking = Holder { container_id: &request.container_id, pod_ref: &request.pod_ref, ifname: &request.ifname };
+    let states = states_of(config, &loaded, asking, false);
+    let planned = guide.plan(engine, config, &states, &mut request)?;
+    let outcomes = planned.map_err(plan_failure)?;
+    Ok(outcomes.iter().map(|o| o.assignment().address.clone()).collect())
+}
+
+/// ADD: one address from every range (`ipRangesAllocation` `all`) or from the
+/// first with room (`first_available`), all recorded in one commit, or none.
+/// Returns the assignments in the order the engine served the ranges, each
+/// naming its range (`range_index`).
 pub fn allocate(
     engine: &mut EngineComponent,
     store: &dyn Datastore,
     config: &NormalizedConfig,
     placement: &Placement,
     who: Attachment,
+    guide: Option<&Guide>,
     deadline: Instant,
 ) -> Result<Vec<Assignment>, IpamError> {
-    let mut request =
-        Request { container_id: who.container_id.into(), pod_ref: config.pod_ref.clone(), ifname: who.ifname.into(), requested_ip: None, contention: 0 };
+    let mut request = Request {
+        container_id: who.container_id.into(),
+        pod_ref: config.pod_ref.clone(),
+        ifname: who.ifname.into(),
+        requested_ip: None,
+        contention: 0,
+        guidance: None,
+    };
     let pools = placement.pools();
     let reserving = reserves(store, config);
     cycle(store, &pools, Purpose::Update, deadline, "ADD", |loaded, conflicts| {
@@ -248,25 +312,25 @@ pub fn allocate(
         let asking = Holder { container_id: &request.container_id, pod_ref: &request.pod_ref, ifname: &request.ifname };
         let config = chosen(config, placement, loaded, asking)?;
         let config = config.as_ref();
-        let states: Vec<PoolState> = distinct_pools(config)
-            .iter()
-            .map(|pool| {
-                let entries = entries_of(loaded, &pool.name);
-                let mut state = pool_state(pool, entries);
-                // The pod's own entries (the container's outside Kubernetes): the
-                // engine decides whether one is this attachment's address to keep.
-                state.snapshot.held = entries.iter().filter(|e| same_holder(e.holder(), asking)).cloned().collect();
-                // Addresses an earlier attempt found reserved by an overlapping range.
-                if reserving {
-                    state.snapshot.reserved = loaded.get(&pool.name).map(|p| p.reserved.clone()).unwrap_or_default();
-                }
-                state
-            })
-            .collect();
-        let outcomes = engine.plan_all(config, &states, Reservations::AsRead, &request).map_err(EngineFailure)?.map_err(plan_failure)?;
+        let states = states_of(config, loaded, asking, reserving);
+        let planned = match guide {
+            None => engine.plan_all(config, &states, Reservations::AsRead, &request).map_err(EngineFailure)?,
+            Some(guide) => guide.plan(engine, config, &states, &mut request).map_err(|e| match e {
+                GuideError::Stop(stop) => IpamError::Policy(stop),
+                GuideError::Engine(e) => IpamError::Engine(e),
+            })?,
+        };
+        let outcomes = planned.map_err(plan_failure)?;
         let mut changes = Changes::new();
         let mut assignments = Vec::with_capacity(outcomes.len());
-        for (range, outcome) in config.ranges.iter().zip(outcomes) {
+        // The engine answers for the ranges it served (every range with
+        // `all`, one with `first-available`), each naming its range: only
+        // their pools are written.
+        for outcome in outcomes {
+            let range = config
+                .ranges
+                .get(outcome.assignment().range_index as usize)
+                .ok_or(IpamError::EngineAnswer { detail: "an address in a range the config does not have" })?;
             match outcome {
                 PlanOutcome::Fresh { assignment } => {
                     let entry = Allocation {
@@ -647,7 +711,7 @@ mod tests {
         let entry = Allocation { offset: 5, container_id: "c1".into(), pod_ref: "default/p".into(), ifname: "eth0".into() };
         let store = Scripted { pool: Pool { version: Version("3".into()), entries: vec![entry], ..Pool::default() }, ..scripted(vec![Ok(Outcome::Committed)]) };
         let who = Attachment { container_id: "c1", ifname: "eth0" };
-        let out = allocate(&mut engine, &store, &config, &Placement::whole(&config), who, Instant::now() + Duration::from_secs(5)).unwrap();
+        let out = allocate(&mut engine, &store, &config, &Placement::whole(&config), who, None, Instant::now() + Duration::from_secs(5)).unwrap();
         assert_eq!(out[0].address, "192.0.2.5/24");
         let committed = store.committed.borrow();
         assert_eq!(committed.len(), 1);

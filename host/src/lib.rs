@@ -4,6 +4,7 @@
 //! - [`network_config`]: flat-file discovery and normalization through the engine;
 //! - [`ipam`]: the read → plan → compare-and-swap cycle shared by all commands;
 //! - [`datastore`]: where allocations live (one trait; the file store today);
+//! - [`policy`]: operators' sandboxed policy extensions (WebAssembly components);
 //! - [`cli`]: `preview`, `pools` and `engine-component` beside CNI mode;
 //! - [`logging`]: whereabouts-style log lines, never on stdout;
 //! - [`json`]: the one JSON printer (a leaf: CNI documents, CLI reports, pool files).
@@ -19,3 +20,4 @@ pub mod logging;
 pub mod network_config;
 pub mod node_name;
 pub mod placement;
+pub mod policy;

@@ -460,6 +460,36 @@ fn multi_range_add_is_all_or_nothing() {
 }
 
 #[test]
+fn first_available_adds_from_one_range_and_dels_and_checks_cleanly() {
+    let scratch = Scratch::new("first-available");
+    let config = net(
+        "1.0.0",
+        json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(), "ipRangesAllocation": "first_available",
+               "ipRanges": [{"range": "192.0.2.0/30"}, {"range": "198.51.100.0/24"}]}),
+    );
+    let second_pool = scratch.data().join("198.51.100.0-24.pool");
+    assert_eq!(addresses(&add(&config, "c1", "p1").ok().json()), ["192.0.2.1/30"]);
+    assert_eq!(addresses(&add(&config, "c2", "p2").ok().json()), ["192.0.2.2/30"]);
+    assert!(!second_pool.exists(), "an ADD served by the first range writes only its pool");
+    // DEL of an attachment with no entry (no pool, even) in the second range.
+    del(&config, "c2").ok();
+    assert_eq!(pool_doc(&scratch.data(), "192.0.2.0-30")["allocations"].as_object().unwrap().len(), 1);
+    assert_eq!(addresses(&add(&config, "c2", "p2").ok().json()), ["192.0.2.2/30"]);
+    // The first range is full: the next one serves.
+    let third = add(&config, "c3", "p3").ok().json();
+    assert_eq!(addresses(&third), ["198.51.100.1/24"]);
+    let mut with_prev: Value = serde_json::from_str(&config).unwrap();
+    with_prev["prevResult"] = third;
+    run(&cni_env("CHECK", "c3", &pod("p3")), &with_prev.to_string()).ok();
+    // A repeated ADD keeps the pod where it is, though the first range has room again.
+    del(&config, "c1").ok();
+    assert_eq!(addresses(&add(&config, "c3", "p3").ok().json()), ["198.51.100.1/24"]);
+    del(&config, "c3").ok();
+    assert!(pool_doc(&scratch.data(), "198.51.100.0-24")["allocations"].as_object().unwrap().is_empty());
+    assert_eq!(addresses(&add(&config, "c4", "p4").ok().json()), ["192.0.2.1/30"]);
+}
+
+#[test]
 fn installed_as_whereabouts_with_whereabouts_type() {
     let scratch = Scratch::new("whereabouts-name");
     let alias = scratch.path("whereabouts");

@@ -90,7 +90,8 @@ fn component_answers_exactly_like_the_native_engine() {
         let mut pool = native::PoolSnapshot::with_taken([8, 9, 11, (1u128 << 80) + 1]);
         pool.reserved = vec![12];
         let pools = pools_of(&config, &pool);
-        let request = native::Request { container_id: "c1".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), requested_ip: None, contention: 0 };
+        let request =
+            native::Request { container_id: "c1".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), requested_ip: None, contention: 0, guidance: None };
         for reservations in [native::Reservations::AsRead, native::Reservations::FromPools] {
             assert_eq!(engine.plan_all(&config, &pools, reservations, &request).unwrap(), native::plan_all(&config, &pools, reservations, &request));
         }
@@ -107,6 +108,50 @@ fn component_answers_exactly_like_the_native_engine() {
                 "contention {contention}"
             );
         }
+    }
+}
+
+#[test]
+fn guidance_and_candidates_cross_the_boundary_unchanged() {
+    let mut engine = engine();
+    for allocation in ["all", "first_available"] {
+        let text = format!(
+            r#"{{"cniVersion":"1.0.0","name":"g","ipam":{{"type":"thereabouts","ipRangesAllocation":"{allocation}","policies":[{{"name":"p","path":"/p.wasm","settings":{{"a":[1]}},"mode":"monitor"}}],"ipRanges":[{{"range":"192.0.2.0/24"}},{{"range":"198.51.100.0/24"}},{{"range":"2001:db8::/64"}}]}}}}"#
+        );
+        let config = native::normalize(&text, None, "").unwrap();
+        assert_eq!(engine.normalize(&text, None, "").unwrap(), Ok(config.clone()));
+        let pools = pools_of(&config, &native::PoolSnapshot::with_taken([1, 2, 5]));
+        let pick = |range_index, prefer: &[&str], refuse: &[&str], veto: Option<&str>| native::RangePick {
+            range_index,
+            prefer: prefer.iter().map(|a| a.to_string()).collect(),
+            refuse: refuse.iter().map(|a| a.to_string()).collect(),
+            veto: veto.map(str::to_string),
+        };
+        let guidances = [
+            native::Guidance { ranges: Some(vec![2, 0]), picks: vec![pick(0, &["192.0.2.9"], &[], None)] },
+            native::Guidance { ranges: None, picks: vec![pick(0, &[], &[], Some("no")), pick(1, &[], &["198.51.100.3"], None)] },
+            native::Guidance { ranges: Some(vec![7]), picks: vec![] },
+            native::Guidance { ranges: None, picks: vec![pick(1, &["192.0.2.300"], &[], None)] },
+        ];
+        for guidance in guidances {
+            let request = native::Request {
+                container_id: "c1".into(),
+                pod_ref: "ns/p".into(),
+                ifname: "eth0".into(),
+                requested_ip: None,
+                contention: 0,
+                guidance: Some(guidance),
+            };
+            let reservations = native::Reservations::AsRead;
+            assert_eq!(engine.plan_all(&config, &pools, reservations, &request).unwrap(), native::plan_all(&config, &pools, reservations, &request));
+            for ranges in [&[2, 0, 1][..], &[3]] {
+                assert_eq!(
+                    engine.candidates(&config, &pools, reservations, &request, ranges, 4).unwrap(),
+                    native::candidates(&config, &pools, reservations, &request, ranges, 4)
+                );
+            }
+        }
+        assert_eq!(engine.preview(&config, &pools, 5).unwrap(), native::preview(&config, &pools, 5));
     }
 }
 

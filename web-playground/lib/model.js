@@ -76,7 +76,9 @@ export function configWarnings(engine, config) {
 /**
  * The simulation state: the pods that hold addresses, built from the engine's
  * preview and changed by churn. `pods` is ordered by pod number; each has one
- * cell per range: {ip, address, offset: {high, low}} or {exhausted|rejected|failed: message}.
+ * cell per range: {ip, address, offset: {high, low}}, {exhausted|rejected|failed: message},
+ * or {none: true} for a range a served pod gets nothing from (`ipRangesAllocation`
+ * `first_available`: one address, from the first range with room).
  */
 export class Simulation {
   constructor(engine, config, count) {
@@ -92,7 +94,8 @@ export class Simulation {
     const lines = table.served > 0 ? table.addresses.split('\n') : [];
     const n = rs.length;
     for (let p = 0; p < table.served; p++) {
-      const cells = lines[p].split(' ').map((address, i) => ({
+      // `-`: a range this pod gets nothing from (first_available).
+      const cells = lines[p].split(' ').map((address, i) => (address === '-' ? { none: true } : {
         ip: address.slice(0, address.lastIndexOf('/')),
         address,
         offset: { high: table.offsetsHigh[p * n + i], low: table.offsetsLow[p * n + i] },
@@ -106,9 +109,9 @@ export class Simulation {
     }
   }
 
-  /** True when the pod got an address in every range (otherwise ADD failed and it holds nothing). */
+  /** True when the pod got its addresses (otherwise ADD failed and it holds nothing). */
   static served(p) {
-    return p.cells.every((c) => c.ip);
+    return p.cells.every((c) => c.ip || c.none);
   }
 
   /**
@@ -125,6 +128,7 @@ export class Simulation {
   /** Records a pod's addresses in the pools, as a committed ADD does. */
   hold(pools, cells) {
     cells.forEach((c, i) => {
+      if (!c.ip) return;
       const name = this.config.ranges[i].poolName;
       let pool = pools.get(name);
       if (!pool) pools.set(name, (pool = { name, taken: [], takenWide: [], reserved: [], held: [] }));
@@ -149,12 +153,15 @@ export class Simulation {
     const pools = this.pools();
     for (let k = 0; k < add; k++) {
       const pod = this.nextPod++;
-      const req = { containerId: `playground-${pod}`, podRef: `playground/pod-${pod}`, ifname: 'net1', contention: 0 };
+      const req = { containerId: `playground-${pod}`, podRef: `playground/pod-${pod}`, ifname: 'net1', contention: 0, guidance: undefined };
       let cells;
       try {
         // The simulated pools are the whole cluster: the engine reserves in each
         // range what the other pools hold (with enable_overlapping_ranges).
-        cells = this.engine.planAll(this.config, Simulation.lower(pools), 'from-pools', req).map(cellOf);
+        const outcomes = this.engine.planAll(this.config, Simulation.lower(pools), 'from-pools', req);
+        // Each outcome names its range; a range not served (first_available) gives nothing.
+        cells = this.config.ranges.map(() => ({ none: true }));
+        for (const o of outcomes) cells[(o.tag === 'reuse' ? o.val.assignment : o.val).rangeIndex] = cellOf(o);
         this.hold(pools, cells);
       } catch (e) {
         // plan-all fails as a whole when one range cannot be served: the plugin

@@ -74,6 +74,16 @@ test('usage counts the pool: one network listed twice fills twice as fast', () =
   assert.deepEqual(usage(sim).map((u) => u.used), [4n, 4n]);
 });
 
+test('first_available: each pod gets one address, from the first range with room', () => {
+  const sim = new Simulation(engine, configOf({ ipRangesAllocation: 'first_available', ipRanges: [{ range: '192.0.2.0/30' }, { range: '198.51.100.0/30' }] }), 3);
+  assert.deepEqual(addresses(sim), [['192.0.2.1/30', null], ['192.0.2.2/30', null], [null, '198.51.100.1/30']]);
+  assert.deepEqual(sim.pods.map(Simulation.served), [true, true, true]);
+  // Churn plans each new pod like the plugin's ADD: the freed address first, then the next range.
+  const { added } = sim.churn(parsePodList('1'), 2);
+  assert.deepEqual(added.map((p) => p.cells.map((c) => c.address ?? null)), [['192.0.2.1/30', null], [null, '198.51.100.2/30']]);
+  assert.deepEqual(usage(sim).map((u) => u.used), [2n, 2n]);
+});
+
 test('pod lists: numbers and ranges, clear errors', () => {
   assert.deepEqual(parsePodList(' 1, 3-5 9'), [1, 3, 4, 5, 9]);
   assert.deepEqual(parsePodList(''), []);

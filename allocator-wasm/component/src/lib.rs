@@ -50,6 +50,20 @@ impl Guest for Component {
             .map_err(failure_to_wit)
     }
 
+    fn candidates(
+        config: wit::NormalizedConfig,
+        pools: Vec<wit::PoolState>,
+        reservations: wit::Reservations,
+        req: wit::Request,
+        ranges: Vec<u32>,
+        limit: u32,
+    ) -> Result<Vec<wit::RangeCandidates>, wit::ConfigError> {
+        let config = config_from_wit(config).map_err(error_to_wit)?;
+        planner::candidates(&config, &pools_from_wit(pools), reservations_from_wit(reservations), &request_from_wit(req), &ranges, limit)
+            .map(|listed| listed.into_iter().map(candidates_to_wit).collect())
+            .map_err(error_to_wit)
+    }
+
     fn release(
         range: wit::NormalizedRange,
         network_name: String,

@@ -8,18 +8,22 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 use thereabouts_allocator::config::SUPPORTED_CNI_VERSIONS;
-use thereabouts_allocator::model::{Assignment, NormalizedConfig};
+use thereabouts_allocator::model::{Assignment, NormalizedConfig, RangesAllocation};
 
 use super::env::{CniEnv, Command};
 use super::error::{CniError, code};
 use super::result::{IpConfig, IpamResult};
 use crate::component::{EngineComponent, EngineFailure};
+use crate::datastore::kubernetes::PodMetadata;
 use crate::datastore::{self, Datastore, retry};
 use crate::ipam::{self, Attachment};
 use crate::json::pretty;
 use crate::logging;
 use crate::network_config;
 use crate::placement::{Claims, Placement};
+use crate::policy::decide::{Guide, Policies, Subject};
+use crate::policy::hooks::redacted;
+use crate::policy::sandbox::PolicyEngine;
 
 /// The newest spec version we speak; VERSION answers with it when stdin names none.
 pub const LATEST_VERSION: &str = "1.1.0";
@@ -46,7 +50,7 @@ pub fn execute(env: &CniEnv, stdin: &str) -> Result<Option<String>, CniError> {
     let store = datastore::open(&config.datastore, &config.name)?;
     let who = Attachment { container_id: &env.container_id, ifname: &env.ifname };
     let outcome = match env.command {
-        Command::Add => add(&mut engine, store.as_ref(), &config, who).map(Some),
+        Command::Add => add(&mut engine, store.as_ref(), &config, who, &env.args).map(Some),
         Command::Del => del(&mut engine, store.as_ref(), &config, who).map(|()| None),
         Command::Check => check(&mut engine, store.as_ref(), &config, who, stdin).map(|()| None),
         Command::Gc => gc(&mut engine, store.as_ref(), &config, stdin).map(|()| None),
@@ -102,11 +106,39 @@ fn deadline(default: std::time::Duration) -> Instant {
     Instant::now() + retry::budget(default)
 }
 
-fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<String, CniError> {
+fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, cni_args: &str) -> Result<String, CniError> {
     let deadline = deadline(retry::ADD_BUDGET);
+    // Policies first: loaded, settings checked and ranges chosen before any
+    // pool is read. Without policies none of this runs.
+    let policy_engine = if config.policies.is_empty() { None } else { Some(PolicyEngine::new().map_err(|e| policy_stop("", e))?) };
+    let policies = match &policy_engine {
+        Some(pe) => Some(Policies::load(pe, &config.policies).map_err(ipam::IpamError::Policy)?),
+        None => None,
+    };
+    let args = arg_pairs(cni_args);
+    let (namespace, name) = config.pod_ref.split_once('/').unwrap_or(("", ""));
+    let needs = policies.as_ref().map(Policies::needs).unwrap_or_default();
+    let pod = if needs.labels || needs.annotations { pod_metadata(config, namespace, name, deadline)? } else { PodMetadata::default() };
+    let guide = match &policies {
+        Some(p) if !p.is_empty() => {
+            let subject = Subject {
+                pod_namespace: namespace,
+                pod_name: name,
+                container_id: who.container_id,
+                ifname: who.ifname,
+                cni_args: &args,
+                labels: &pod.labels,
+                annotations: &pod.annotations,
+            };
+            let seen = redacted(config);
+            let selection = p.select(&subject, &seen).map_err(ipam::IpamError::Policy)?;
+            Some(Guide { policies: p, subject, seen, selection })
+        }
+        _ => None,
+    };
     let mut placement = Placement::resolve(engine, store, config, Claims::Allowed, deadline)?;
     let assignments = loop {
-        match ipam::allocate(engine, store, config, &placement, who, deadline) {
+        match ipam::allocate(engine, store, config, &placement, who, guide.as_ref(), deadline) {
             // The node's slices are full: it claims another and tries again.
             Err(ipam::IpamError::SlicesFull { range_index, .. }) => placement.claim(engine, store, config, range_index, deadline)?,
             other => break other?,
@@ -117,14 +149,42 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     result.to_json(&config.cni_version)
 }
 
-/// Allocated addresses in range order, then static addresses; routes and DNS as configured.
+/// CNI_ARGS as key-value pairs, in order (the engine validated the string).
+fn arg_pairs(cni_args: &str) -> Vec<(String, String)> {
+    cni_args
+        .split(';')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').map_or((p.to_string(), String::new()), |(k, v)| (k.to_string(), v.to_string())))
+        .collect()
+}
+
+/// The Pod's labels and annotations for a policy that needs them: one GET
+/// with the kubeconfig of the config (its datastore's, or `kubernetes.kubeconfig`).
+fn pod_metadata(config: &NormalizedConfig, namespace: &str, name: &str, deadline: Instant) -> Result<PodMetadata, CniError> {
+    let unreadable = |detail: String| ipam::IpamError::Policy(crate::policy::failure::PolicyStop::PodUnreadable { pod: config.pod_ref.clone(), detail });
+    if name.is_empty() {
+        return Err(unreadable("CNI_ARGS name no pod (K8S_POD_NAMESPACE, K8S_POD_NAME)".into()).into());
+    }
+    let Some(kubeconfig) = config.datastore.kubeconfig.as_deref() else {
+        return Err(unreadable("a policy needs its labels or annotations, and the config names no kubeconfig (`kubernetes.kubeconfig`)".into()).into());
+    };
+    let store = datastore::kubernetes::KubernetesStore::open(std::path::Path::new(kubeconfig)).map_err(|e| unreadable(e.to_string()))?;
+    store.pod_metadata(namespace, name, deadline).map_err(|e| unreadable(e.to_string()).into())
+}
+
+fn policy_stop(policy: &str, source: crate::policy::failure::LoadError) -> ipam::IpamError {
+    ipam::IpamError::Policy(crate::policy::failure::PolicyStop::Load { policy: policy.to_string(), source })
+}
+
+/// Allocated addresses in the order served, then static addresses; routes and DNS as configured.
 pub fn build_result(config: &NormalizedConfig, assignments: &[Assignment]) -> Result<IpamResult, CniError> {
-    let mut ips: Vec<IpConfig> = config
-        .ranges
+    let mut ips: Vec<IpConfig> = assignments
         .iter()
-        .zip(assignments)
-        .map(|(range, a)| IpConfig { address: a.address.clone(), gateway: a.gateway.clone(), family: range.family })
-        .collect();
+        .map(|a| match config.ranges.get(a.range_index as usize) {
+            Some(range) => Ok(IpConfig { address: a.address.clone(), gateway: a.gateway.clone(), family: range.family }),
+            None => Err(CniError::new(code::INTERNAL, format!("engine returned an address for range {}, which the config does not have", a.range_index))),
+        })
+        .collect::<Result<_, _>>()?;
     ips.extend(config.addresses.iter().map(|s| IpConfig { address: s.address.clone(), gateway: s.gateway.clone(), family: s.family }));
     let routes = match &config.routes_json {
         Some(text) => match serde_json::from_str::<Value>(text) {
@@ -151,7 +211,7 @@ fn del(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     Ok(())
 }
 
-/// CHECK: every range holds an entry for this attachment, and `prevResult` lists
+/// CHECK: every range (with `first_available`: one) holds an entry for this attachment, and `prevResult` lists
 /// exactly our addresses among those that fall inside our ranges.
 fn check(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, stdin: &str) -> Result<(), CniError> {
     require_version(config, Command::Check, "0.4.0")?;
@@ -159,15 +219,27 @@ fn check(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normalize
     let deadline = deadline(retry::OTHER_BUDGET);
     let placement = Placement::resolve(engine, store, config, Claims::None, deadline)?;
     let found = ipam::find(engine, store, config, &placement, who, deadline)?;
+    // With `first_available` the attachment holds an address in one range, not all.
+    let first_available = config.ip_ranges_allocation == RangesAllocation::FirstAvailable;
     let mut ours = Vec::new();
     for (range, found) in config.ranges.iter().zip(found) {
-        let (range, entry) = found.ok_or_else(|| {
-            CniError::new(code::INTERNAL, format!("no allocation in range {} for container {} interface {}", range.cidr, who.container_id, who.ifname))
-        })?;
+        let (range, entry) = match found {
+            Some(found) => found,
+            None if first_available => continue,
+            None => {
+                return Err(CniError::new(
+                    code::INTERNAL,
+                    format!("no allocation in range {} for container {} interface {}", range.cidr, who.container_id, who.ifname),
+                ));
+            }
+        };
         ours.push(
             ipam::address_of(&range, entry.offset)
                 .ok_or_else(|| CniError::new(code::INTERNAL, format!("stored offset {} is outside {}", entry.offset, range.cidr)))?,
         );
+    }
+    if first_available && ours.is_empty() && !config.ranges.is_empty() {
+        return Err(CniError::new(code::INTERNAL, format!("no allocation in any range for container {} interface {}", who.container_id, who.ifname)));
     }
     ours.extend(config.addresses.iter().map(|s| s.address.clone()));
     for address in &ours {

@@ -10,6 +10,7 @@ use crate::component::EngineFailure;
 use crate::datastore::DatastoreError;
 use crate::ipam::IpamError;
 use crate::network_config::ConfigLoadError;
+use crate::policy::failure::{CallFailure, PolicyStop};
 
 /// Well-known CNI error codes (spec "Error codes") and libcni's internal code.
 pub mod code {
@@ -124,8 +125,24 @@ impl From<IpamError> for CniError {
         match e {
             IpamError::Datastore(e) => e.into(),
             IpamError::Engine(e) => e.into(),
+            IpamError::Policy(stop) => stop.into(),
             IpamError::Unplaceable { .. } | IpamError::EngineAnswer { .. } | IpamError::SlicesFull { .. } => CniError::new(code::INTERNAL, e.to_string()),
         }
+    }
+}
+
+/// A policy that cannot be used as configured (not compiled, untrusted,
+/// settings it rejects) is a config problem (7); one that failed or refused
+/// during the ADD is not (999). The message names the policy, the hook and
+/// what happened.
+impl From<PolicyStop> for CniError {
+    fn from(stop: PolicyStop) -> Self {
+        let config_problem = match &stop {
+            PolicyStop::Load { .. } => true,
+            PolicyStop::Failed(e) => matches!(e.failure, CallFailure::BadSettings(_)),
+            PolicyStop::Vetoed { .. } | PolicyStop::PodUnreadable { .. } => false,
+        };
+        CniError::new(if config_problem { code::INVALID_CONFIG } else { code::INTERNAL }, stop.to_string())
     }
 }
 

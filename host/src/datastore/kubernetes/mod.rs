@@ -96,6 +96,13 @@ enum Reply {
     Status(Box<Status>),
 }
 
+/// A Pod's labels and annotations, in the order the apiserver sent them.
+#[derive(Debug, Default)]
+pub struct PodMetadata {
+    pub labels: Vec<(String, String)>,
+    pub annotations: Vec<(String, String)>,
+}
+
 impl KubernetesStore {
     /// Reads the kubeconfig and builds the client; sends nothing.
     pub fn open(kubeconfig_path: &Path) -> Result<Self, DatastoreError> {
@@ -125,6 +132,26 @@ impl KubernetesStore {
 
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// The labels and annotations of Pod `namespace/name`: one GET, sent only
+    /// for a policy that declared it needs them (the identity needs `get` on
+    /// pods there, which deploy/rbac.yaml does not grant; see docs/policies.md).
+    pub fn pod_metadata(&self, namespace: &str, name: &str, deadline: Instant) -> Result<PodMetadata, DatastoreError> {
+        let path = format!("/api/v1/namespaces/{}/pods/{}", crd::escape(namespace), crd::escape(name));
+        let action = format!("reading Pod {namespace}/{name} for a policy");
+        match self.call(Method::GET, &path, None, &action, deadline)? {
+            Reply::Object(pod) => {
+                let pairs = |field: &str| -> Vec<(String, String)> {
+                    pod.pointer(&format!("/metadata/{field}"))
+                        .and_then(Value::as_object)
+                        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect())
+                        .unwrap_or_default()
+                };
+                Ok(PodMetadata { labels: pairs("labels"), annotations: pairs("annotations") })
+            }
+            Reply::Status(status) => Err(self.status_error(&status, &action)),
+        }
     }
 
     /// The apiserver and namespace as a file-name part: what a node's turn

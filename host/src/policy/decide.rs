@@ -1,0 +1,250 @@
+//! The config's policies for one ADD, applied in order: loaded once
+//! (artifact checked, settings validated), then asked which ranges the
+//! attachment gets and, per range, which address; their answers merged into
+//! the engine's `guidance`. `on_error` and `mode` are applied here and
+//! nowhere else: a failure of an `ignore` policy, and every answer of a
+//! `monitor` one, is logged and leaves the built-in choice.
+
+use std::collections::BTreeSet;
+
+use thereabouts_allocator::model::{Guidance, NormalizedConfig, PolicyConfig, PolicyMode, PolicyOnError, RangeCandidates, RangePick};
+
+use super::artifact;
+use super::failure::{CallFailure, Hook, PolicyError, PolicyStop};
+pub use super::hooks::Subject;
+use super::hooks::{self, Choice, Input, Needs};
+use super::sandbox::{LoadedPolicy, PolicyEngine};
+use crate::logging;
+
+/// How many free addresses a policy is offered per range.
+pub const CANDIDATES: u32 = 32;
+
+struct Active<'e> {
+    config: &'e PolicyConfig,
+    policy: LoadedPolicy<'e>,
+    needs: Needs,
+}
+
+/// The policies that loaded (an `ignore` one that did not is left out).
+pub struct Policies<'e> {
+    active: Vec<Active<'e>>,
+}
+
+/// A range's merged pick, and the policy whose `prefer` it carries (the
+/// engine's complaint about that preference is that policy's bad answer).
+pub struct Merged {
+    pub pick: RangePick,
+    pub prefer_of: Option<usize>,
+}
+
+impl<'e> Policies<'e> {
+    pub fn load(engine: &'e PolicyEngine, configs: &'e [PolicyConfig]) -> Result<Self, PolicyStop> {
+        let cache = artifact::cache_dir();
+        let mut active = Vec::with_capacity(configs.len());
+        for config in configs {
+            let loaded = artifact::trusted_artifact(config.path.as_ref(), &cache).and_then(|a| engine.load(&a, config.timeout_ms, config.memory_mib));
+            let policy = match loaded {
+                Ok(p) => p,
+                Err(e) if config.on_error == PolicyOnError::Ignore => {
+                    logging::error(format!("policy {:?} not loaded, ignored (on_error: ignore): {e}", config.name));
+                    continue;
+                }
+                Err(source) => return Err(PolicyStop::Load { policy: config.name.clone(), source }),
+            };
+            match hooks::validate_settings(&policy, &config.settings) {
+                Ok(needs) => active.push(Active { config, policy, needs }),
+                Err(failure) => fail(config, Hook::ValidateSettings, failure)?,
+            }
+        }
+        Ok(Policies { active })
+    }
+
+    /// What the policies need to see of the pod, together.
+    pub fn needs(&self) -> Needs {
+        self.active.iter().fold(Needs::default(), |a, p| Needs { labels: a.labels || p.needs.labels, annotations: a.annotations || p.needs.annotations })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    fn input<'a>(&self, p: &'a Active, subject: &'a Subject, config: &'a NormalizedConfig) -> Input<'a> {
+        Input { subject, config, needs: p.needs, settings: &p.config.settings }
+    }
+
+    /// The ranges to serve: the first enforcing policy's list, narrowed by
+    /// each later one (keeping the earlier order); `None` when no policy chose.
+    /// `config` is the redacted config ([`hooks::redacted`]).
+    pub fn select(&self, subject: &Subject, config: &NormalizedConfig) -> Result<Option<Vec<u32>>, PolicyStop> {
+        let mut selection: Option<Vec<u32>> = None;
+        for p in &self.active {
+            let answer = match hooks::select_ranges(&p.policy, &self.input(p, subject, config)) {
+                Ok(a) => a,
+                Err(failure) => {
+                    fail(p.config, Hook::SelectRanges, failure)?;
+                    continue;
+                }
+            };
+            if p.config.mode == PolicyMode::Monitor {
+                logging::verbose(format!("policy {:?} (monitor) select-ranges: {answer:?}", p.config.name));
+                continue;
+            }
+            match answer {
+                Err(reason) => return Err(PolicyStop::Vetoed { policy: p.config.name.clone(), reason }),
+                Ok(list) => {
+                    selection = Some(match selection {
+                        None => list,
+                        Some(earlier) => {
+                            let keep: BTreeSet<u32> = list.into_iter().collect();
+                            earlier.into_iter().filter(|r| keep.contains(r)).collect()
+                        }
+                    });
+                    if selection.as_ref().is_some_and(Vec::is_empty) {
+                        return Err(PolicyStop::Vetoed { policy: p.config.name.clone(), reason: "no range is left that every policy selected".into() });
+                    }
+                }
+            }
+        }
+        Ok(selection)
+    }
+
+    /// Each policy's pick in every offered range (a range the pod holds an
+    /// address in is kept, nobody picks), merged per range: a veto wins,
+    /// refusals add up, the first preference counts, narrowed by later ones
+    /// and by every refusal. Later policies are offered what earlier ones did
+    /// not refuse. `skip` holds (policy, range) picks to leave out (an
+    /// `ignore` policy whose preference the engine found bad).
+    pub fn picks(
+        &self,
+        subject: &Subject,
+        config: &NormalizedConfig,
+        offered: &[RangeCandidates],
+        skip: &BTreeSet<(usize, u32)>,
+    ) -> Result<Vec<Merged>, PolicyStop> {
+        let mut merged = Vec::new();
+        for range in offered.iter().filter(|r| r.held.is_none()) {
+            let mut m = Merged { pick: RangePick { range_index: range.range_index, ..RangePick::default() }, prefer_of: None };
+            let mut free = range.free.clone();
+            for (i, p) in self.active.iter().enumerate() {
+                if skip.contains(&(i, range.range_index)) {
+                    continue;
+                }
+                let pick = match hooks::pick_address(&p.policy, &self.input(p, subject, config), range.range_index, &free) {
+                    Ok(pick) => pick,
+                    Err(failure) => {
+                        fail(p.config, Hook::PickAddress, failure)?;
+                        continue;
+                    }
+                };
+                if p.config.mode == PolicyMode::Monitor {
+                    logging::verbose(format!("policy {:?} (monitor) pick-address in range {}: {pick:?}", p.config.name, range.range_index));
+                    continue;
+                }
+                for (address, reason) in &pick.refused {
+                    logging::debug(format!("policy {:?} refused {address} in range {}: {reason}", p.config.name, range.range_index));
+                }
+                let refused: BTreeSet<&str> = pick.refused.iter().map(|(a, _)| a.as_str()).collect();
+                free.retain(|a| !refused.contains(a.as_str()));
+                m.pick.prefer.retain(|a| !refused.contains(a.as_str()));
+                m.pick.refuse.extend(pick.refused.into_iter().map(|(a, _)| a));
+                match pick.choice {
+                    Choice::BuiltIn => {}
+                    Choice::Veto(reason) => {
+                        if m.pick.veto.is_none() {
+                            logging::verbose(format!("policy {:?} vetoed range {}: {reason}", p.config.name, range.range_index));
+                            m.pick.veto = Some(format!("policy {:?}: {reason}", p.config.name));
+                        }
+                    }
+                    Choice::Prefer(list) if m.prefer_of.is_none() => {
+                        m.pick.prefer = list.into_iter().filter(|a| !m.pick.refuse.contains(a)).collect();
+                        m.prefer_of = Some(i);
+                        if m.pick.prefer.is_empty() {
+                            m.pick.veto.get_or_insert_with(|| format!("policy {:?}: every address it preferred was refused", p.config.name));
+                        }
+                    }
+                    Choice::Prefer(list) => {
+                        let later: BTreeSet<String> = list.into_iter().collect();
+                        m.pick.prefer.retain(|a| later.contains(a));
+                        if m.pick.prefer.is_empty() {
+                            m.pick.veto.get_or_insert_with(|| {
+                                format!("policy {:?}: none of the addresses it preferred is one an earlier policy preferred", p.config.name)
+                            });
+                        }
+                    }
+                }
+            }
+            merged.push(m);
+        }
+        Ok(merged)
+    }
+
+    /// The policy at `index`, for naming it.
+    pub fn config_of(&self, index: usize) -> &PolicyConfig {
+        self.active[index].config
+    }
+}
+
+/// The guidance the engine applies.
+pub fn guidance(selection: Option<Vec<u32>>, merged: &[Merged]) -> Guidance {
+    Guidance { ranges: selection, picks: merged.iter().map(|m| m.pick.clone()).collect() }
+}
+
+/// `on_error` of one failed call: `deny` stops the ADD, `ignore` logs.
+fn fail(config: &PolicyConfig, hook: Hook, failure: CallFailure) -> Result<(), PolicyStop> {
+    let error = PolicyError { policy: config.name.clone(), hook, failure };
+    if config.on_error == PolicyOnError::Ignore {
+        logging::error(format!("{error}; ignored (on_error: ignore), the built-in choice stands"));
+        return Ok(());
+    }
+    Err(PolicyStop::Failed(error))
+}
+
+/// The policies of one ADD with what they see: the attachment, the redacted
+/// config, and the ranges they selected (asked once, before any pool is read).
+pub struct Guide<'a, 'e> {
+    pub policies: &'a Policies<'e>,
+    pub subject: Subject<'a>,
+    pub seen: NormalizedConfig,
+    pub selection: Option<Vec<u32>>,
+}
+
+/// Why a guided plan did not come to a plan or an engine failure.
+#[derive(Debug, thiserror::Error)]
+pub enum GuideError {
+    #[error(transparent)]
+    Stop(#[from] PolicyStop),
+    #[error(transparent)]
+    Engine(#[from] crate::component::EngineFailure),
+}
+
+impl Guide<'_, '_> {
+    /// Offers each selected range's candidates to the policies, then plans
+    /// with their merged picks. A pick the engine finds bad is its policy's
+    /// bad answer: `deny` stops the ADD, `ignore` plans again without it.
+    pub fn plan(
+        &self,
+        engine: &mut crate::component::EngineComponent,
+        config: &NormalizedConfig,
+        states: &[thereabouts_allocator::model::PoolState],
+        request: &mut thereabouts_allocator::model::Request,
+    ) -> Result<Result<Vec<thereabouts_allocator::model::PlanOutcome>, thereabouts_allocator::model::PlanFailure>, GuideError> {
+        use crate::component::EngineFailure;
+        use thereabouts_allocator::model::{PlanFailure, Reservations};
+        let ranges: Vec<u32> = self.selection.clone().unwrap_or_else(|| (0..config.ranges.len() as u32).collect());
+        request.guidance = None;
+        let offered = engine
+            .candidates(config, states, Reservations::AsRead, request, &ranges, CANDIDATES)
+            .map_err(EngineFailure)?
+            .map_err(|e| EngineFailure(anyhow::anyhow!("candidates: {e}")))?;
+        let mut skip = BTreeSet::new();
+        loop {
+            let merged = self.policies.picks(&self.subject, &self.seen, &offered, &skip)?;
+            request.guidance = Some(guidance(self.selection.clone(), &merged));
+            let planned = engine.plan_all(config, states, Reservations::AsRead, request).map_err(EngineFailure)?;
+            let Err(PlanFailure::BadPick { range_index, message }) = &planned else { return Ok(planned) };
+            let Some(policy) = merged.iter().find(|m| m.pick.range_index == *range_index).and_then(|m| m.prefer_of) else { return Ok(planned) };
+            fail(self.policies.config_of(policy), Hook::PickAddress, CallFailure::BadAnswer(message.clone()))?;
+            skip.insert((policy, *range_index));
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Policy extensions through the CNI protocol, on the file datastore: the
+//! shipped plugin runs the example policies (policies/, built and compiled
+//! by the project's own tools into a root-owned cache made for the test), and
+//! the hostile fixtures, which must be stopped with the pool byte-for-byte
+//! unchanged and the next call answered normally.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, thereabouts_bin, thereabouts_conf, workspace_root};
+
+/// target/policies, built once per test process.
+fn built() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new("bash").arg(workspace_root().join("scripts/build-policies.sh")).arg("-q").output().expect("running scripts/build-policies.sh");
+        assert!(out.status.success(), "building the policies: {}", String::from_utf8_lossy(&out.stderr));
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+}
+
+/// A test's directory: the pools, and a root-owned cache holding `policies`
+/// compiled by `thereabouts policy compile`.
+struct Setup {
+    dir: TempDir,
+}
+
+impl Setup {
+    fn new(tag: &str, policies: &[&str]) -> Setup {
+        let s = Setup { dir: TempDir::new(tag) };
+        for name in policies {
+            let ran = Command::new(thereabouts_bin())
+                .args(["policy", "compile"])
+                .arg(policy(name))
+                .arg("--cache")
+                .arg(s.cache())
+                .env_remove("CNI_COMMAND")
+                .output()
+                .unwrap();
+            assert!(ran.status.success(), "compiling {name}: {}{}", String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+        }
+        s
+    }
+
+    fn cache(&self) -> PathBuf {
+        self.dir.sub("cache")
+    }
+
+    /// A dual-stack config with `policies`.
+    fn conf(&self, policies: Value) -> String {
+        let mut conf = thereabouts_conf("1.1.0", "blue", &self.dir.sub("data"), None, &["192.0.2.0/24", "2001:db8::/64"]);
+        conf["ipam"]["policies"] = policies;
+        conf.to_string()
+    }
+
+    fn run(&self, command: &str, pod: &str, cid: &str, conf: &str) -> Outcome {
+        let mut call = Call::pod(command, cid, pod);
+        call.ifname = "net1".into();
+        Invocation::new(call, conf).env("THEREABOUTS_POLICY_CACHE", self.cache().to_str().unwrap()).run(&thereabouts_bin())
+    }
+
+    fn add(&self, pod: &str, cid: &str, conf: &str) -> Vec<String> {
+        let out = self.run("ADD", pod, cid, conf);
+        out.expect_ok(&format!("ADD {pod}"));
+        out.ips()
+    }
+
+    /// Every file of the datastore, by name, as bytes.
+    fn pools(&self) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files: Vec<_> = std::fs::read_dir(self.dir.sub("data")).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        files.sort();
+        files.into_iter().map(|p| (p.clone(), std::fs::read(&p).unwrap())).collect()
+    }
+}
+
+fn policy(name: &str) -> PathBuf {
+    built().join(format!("{name}.wasm"))
+}
+
+fn entry(name: &str, policy_name: &str, settings: Value) -> Value {
+    json!({"name": name, "path": policy(policy_name), "settings": settings})
+}
+
+#[test]
+fn a_statefulset_pod_keeps_its_address_across_del_and_re_create() {
+    let s = Setup::new("policy-sticky", &["sticky-ordinal"]);
+    let conf = s.conf(json!([entry("sticky", "sticky-ordinal", json!({"base": 10}))]));
+    assert_eq!(s.add("web-3", "c1", &conf), ["192.0.2.14/24", "2001:db8::e/64"], "first + base + ordinal");
+    assert_eq!(s.add("other", "c2", &conf), ["192.0.2.1/24", "2001:db8::1/64"], "no ordinal: the built-in choice");
+    s.run("DEL", "web-3", "c1", &conf).expect_ok("DEL web-3");
+    assert_eq!(s.add("web-3", "c3", &conf), ["192.0.2.14/24", "2001:db8::e/64"], "re-created under its name, new container");
+}
+
+#[test]
+fn a_namespace_gets_its_ranges_only() {
+    let s = Setup::new("policy-namespace", &["namespace-ranges"]);
+    let conf = s.conf(json!([entry("ns", "namespace-ranges", json!({"namespaces": {"team-a": [1]}}))]));
+    // Call::pod puts pods in `default`; the policy reads CNI_ARGS' namespace.
+    let mut call = Call::pod("ADD", "c1", "db-0");
+    call.ifname = "net1".into();
+    call.cni_args = call.cni_args.replace("K8S_POD_NAMESPACE=default", "K8S_POD_NAMESPACE=team-a");
+    let out = Invocation::new(call, conf.as_str()).env("THEREABOUTS_POLICY_CACHE", s.cache().to_str().unwrap()).run(&thereabouts_bin());
+    out.expect_ok("ADD in team-a");
+    assert_eq!(out.ips(), ["2001:db8::1/64"]);
+    assert_eq!(s.add("web-0", "c2", &conf), ["192.0.2.1/24", "2001:db8::2/64"], "another namespace: every range");
+}
+
+#[test]
+fn deny_listed_addresses_are_kept_for_something_else() {
+    let s = Setup::new("policy-keep", &["keep-addresses"]);
+    let conf = s.conf(json!([entry("keep", "keep-addresses", json!({"deny": ["192.0.2.1", "192.0.2.2/31", "2001:db8::1"]}))]));
+    assert_eq!(s.add("p1", "c1", &conf), ["192.0.2.4/24", "2001:db8::2/64"]);
+}
+
+/// The hostile fixture on `hook` doing `what`, with a 50 ms deadline.
+fn hostile(hook: &str, what: &str, extra: Value) -> Value {
+    let mut settings = json!({"hook": hook, "do": what});
+    if let Some(address) = extra.get("address") {
+        settings["address"] = address.clone();
+    }
+    json!([{"name": "hostile", "path": policy("hostile-fixtures"), "settings": settings, "timeout_ms": 50}])
+}
+
+/// The ADD fails with a CNI error naming the policy, the hook and `why`; the
+/// pool is byte-for-byte as before, and the next ADD is served normally.
+fn refused_cleanly(s: &Setup, conf: &str, hook: &str, why: &str) -> Duration {
+    let plain = s.conf(json!([]));
+    s.add("before", "c0", &plain);
+    let before = s.pools();
+    let started = Instant::now();
+    let out = s.run("ADD", "victim", "c1", conf);
+    let took = started.elapsed();
+    let error = out.expect_cni_error("ADD with a hostile policy");
+    let msg = error["msg"].as_str().unwrap_or_default();
+    assert!(msg.contains("\"hostile\"") && msg.contains(hook) && msg.contains(why), "{msg}");
+    assert_eq!(s.pools(), before, "the pool changed");
+    assert_eq!(s.add("after", "c2", &plain), ["192.0.2.2/24", "2001:db8::2/64"], "the next call");
+    took
+}
+
+/// A no-policy ADD's time on this machine now, the fastest of three.
+fn baseline(s: &Setup) -> Duration {
+    let plain = s.conf(json!([]));
+    (0..3)
+        .map(|i| {
+            let t = Instant::now();
+            s.add(&format!("baseline-{i}"), &format!("b{i}"), &plain);
+            let took = t.elapsed();
+            s.run("DEL", &format!("baseline-{i}"), &format!("b{i}"), &plain).expect_ok("DEL");
+            took
+        })
+        .min()
+        .unwrap()
+}
+
+#[test]
+fn an_infinite_loop_is_stopped_within_its_deadline_plus_50_ms() {
+    let s = Setup::new("policy-loop", &["hostile-fixtures"]);
+    let base = baseline(&s);
+    let conf = s.conf(hostile("pick-address", "loop", json!({})));
+    let over = (0..3).map(|_| refused_cleanly(&s, &conf, "pick-address", "timed out after 50 ms").saturating_sub(base)).min().unwrap();
+    eprintln!("hostile loop: the ADD ended {} ms after a plain one would have (deadline 50 ms)", over.as_millis());
+    assert!(over <= Duration::from_millis(100), "stopped {} ms after the call started", over.as_millis());
+}
+
+#[test]
+fn a_memory_bomb_deep_recursion_a_trap_and_a_huge_output_are_stopped() {
+    let s = Setup::new("policy-hostile", &["hostile-fixtures"]);
+    for (hook, what, why) in [
+        ("pick-address", "memory-bomb", "memory limit of 4 MiB"),
+        ("select-ranges", "recursion", "overflowed its stack"),
+        ("validate-settings", "trap", "trapped"),
+        ("pick-address", "huge-output", "memory limit"),
+        ("select-ranges", "huge-output", "memory limit"),
+    ] {
+        refused_cleanly(&s, &s.conf(hostile(hook, what, json!({}))), hook, why);
+    }
+}
+
+#[test]
+fn an_answer_outside_the_free_addresses_of_the_range_is_a_bad_answer() {
+    let s = Setup::new("policy-answers", &["hostile-fixtures"]);
+    for (what, address, why) in [
+        ("taken", json!({"address": "192.0.2.1"}), "192.0.2.1"),
+        ("out-of-range", json!({}), "outside range"),
+        ("other-family", json!({}), "in an IPv4 range"),
+        ("excluded", json!({"address": "192.0.2.200"}), "192.0.2.200"),
+    ] {
+        let mut conf: Value = serde_json::from_str(&s.conf(hostile("pick-address", what, address))).unwrap();
+        conf["ipam"]["ipRanges"][0]["exclude"] = json!(["192.0.2.200/32"]);
+        refused_cleanly(&s, &conf.to_string(), "pick-address", why);
+    }
+}
+
+#[test]
+fn settings_the_policy_rejects_fail_the_add_as_a_config_error() {
+    let s = Setup::new("policy-settings", &["hostile-fixtures"]);
+    let out = s.run("ADD", "p1", "c1", &s.conf(hostile("validate-settings", "reject-settings", json!({}))));
+    let error = out.expect_cni_error("ADD");
+    assert_eq!(error["code"], 7, "{error}");
+    assert!(error["msg"].as_str().unwrap().contains("validate-settings: rejected its settings"), "{error}");
+}
+
+#[test]
+fn on_error_ignore_and_monitor_mode_fall_back_to_the_built_in_choice() {
+    let s = Setup::new("policy-modes", &["hostile-fixtures", "sticky-ordinal"]);
+    let mut ignored = hostile("pick-address", "loop", json!({}));
+    ignored[0]["on_error"] = json!("ignore");
+    assert_eq!(s.add("web-5", "c1", &s.conf(ignored)), ["192.0.2.1/24", "2001:db8::1/64"]);
+    let monitored = json!([{"name": "sticky", "path": policy("sticky-ordinal"), "mode": "monitor"}]);
+    assert_eq!(s.add("web-7", "c2", &s.conf(monitored)), ["192.0.2.2/24", "2001:db8::2/64"], "monitor: logged, not applied");
+}
+
+#[test]
+fn a_policy_not_compiled_is_a_clear_config_error_and_nothing_is_written() {
+    let s = Setup::new("policy-uncompiled", &[]);
+    let out = s.run("ADD", "p1", "c1", &s.conf(json!([entry("sticky", "sticky-ordinal", json!({}))])));
+    let error = out.expect_cni_error("ADD");
+    assert_eq!(error["code"], 7, "{error}");
+    assert!(error["msg"].as_str().unwrap().contains("thereabouts policy compile"), "{error}");
+    assert!(s.pools().is_empty(), "nothing written");
+}
+
+#[test]
+fn an_artifact_others_could_write_is_never_loaded() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new("policy-untrusted", &["sticky-ordinal"]);
+    for artifact in std::fs::read_dir(s.cache()).unwrap().flatten() {
+        std::fs::set_permissions(artifact.path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let out = s.run("ADD", "p1", "c1", &s.conf(json!([entry("sticky", "sticky-ordinal", json!({}))])));
+    assert!(out.expect_cni_error("ADD")["msg"].as_str().unwrap().contains("not trusted"));
+}
