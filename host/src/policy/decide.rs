@@ -42,7 +42,11 @@ impl<'e> Policies<'e> {
         let cache = artifact::cache_dir();
         let mut active = Vec::with_capacity(configs.len());
         for config in configs {
-            let loaded = artifact::trusted_artifact(config.path.as_ref(), &cache).and_then(|a| engine.load(&a, config.timeout_ms, config.memory_mib));
+            let started = std::time::Instant::now();
+            let found = artifact::trusted_artifact(config.path.as_ref(), &cache);
+            let checked = std::time::Instant::now();
+            let loaded = found.and_then(|a| engine.load(&a, config.timeout_ms, config.memory_mib));
+            let ready = std::time::Instant::now();
             let policy = match loaded {
                 Ok(p) => p,
                 Err(e) if config.on_error == PolicyOnError::Ignore => {
@@ -51,7 +55,16 @@ impl<'e> Policies<'e> {
                 }
                 Err(source) => return Err(PolicyStop::Load { policy: config.name.clone(), source }),
             };
-            match hooks::validate_settings(&policy, &config.settings) {
+            let validated = hooks::validate_settings(&policy, &config.settings);
+            let micros = |from: std::time::Instant, to: std::time::Instant| to.duration_since(from).as_micros();
+            logging::debug(format!(
+                "policy {:?}: artifact found and checked in {} µs, loaded in {} µs, settings checked in {} µs",
+                config.name,
+                micros(started, checked),
+                micros(checked, ready),
+                micros(ready, std::time::Instant::now())
+            ));
+            match validated {
                 Ok(needs) => active.push(Active { config, policy, needs }),
                 Err(failure) => fail(config, Hook::ValidateSettings, failure)?,
             }
