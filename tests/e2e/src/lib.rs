@@ -51,6 +51,32 @@ pub fn thereabouts_bin() -> PathBuf {
     path
 }
 
+/// `target/policies/<name>.wasm`, the example policies, built by
+/// scripts/build-policies.sh once per process.
+pub fn built_policy(name: &str) -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let out = Command::new("bash").arg(workspace_root().join("scripts/build-policies.sh")).arg("-q").output().expect("running scripts/build-policies.sh");
+        assert!(out.status.success(), "building the policies: {}", String::from_utf8_lossy(&out.stderr));
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    });
+    dir.join(format!("{name}.wasm"))
+}
+
+/// Precompiles `policy` into the root-owned `cache` with the shipped
+/// plugin's `thereabouts policy compile` (the compiler beside it).
+pub fn compile_policy(policy: &Path, cache: &Path) {
+    let ran = Command::new(thereabouts_bin())
+        .args(["policy", "compile"])
+        .arg(policy)
+        .arg("--cache")
+        .arg(cache)
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("thereabouts policy compile");
+    assert!(ran.status.success(), "compiling {}: {}{}", policy.display(), String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+}
+
 /// A scratch directory removed on drop (kept when `THAB_E2E_KEEP` is set, for debugging).
 pub struct TempDir(PathBuf);
 

@@ -4,23 +4,11 @@
 //! the hostile fixtures, which must be stopped with the pool byte-for-byte
 //! unchanged and the next call answered normally.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, thereabouts_bin, thereabouts_conf, workspace_root};
-
-/// target/policies, built once per test process.
-fn built() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = Command::new("bash").arg(workspace_root().join("scripts/build-policies.sh")).arg("-q").output().expect("running scripts/build-policies.sh");
-        assert!(out.status.success(), "building the policies: {}", String::from_utf8_lossy(&out.stderr));
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
-}
+use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, built_policy, compile_policy, thereabouts_bin, thereabouts_conf};
 
 /// A test's directory: the pools, and a root-owned cache holding `policies`
 /// compiled by `thereabouts policy compile`.
@@ -32,15 +20,7 @@ impl Setup {
     fn new(tag: &str, policies: &[&str]) -> Setup {
         let s = Setup { dir: TempDir::new(tag) };
         for name in policies {
-            let ran = Command::new(thereabouts_bin())
-                .args(["policy", "compile"])
-                .arg(policy(name))
-                .arg("--cache")
-                .arg(s.cache())
-                .env_remove("CNI_COMMAND")
-                .output()
-                .unwrap();
-            assert!(ran.status.success(), "compiling {name}: {}{}", String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+            compile_policy(&policy(name), &s.cache());
         }
         s
     }
@@ -77,7 +57,7 @@ impl Setup {
 }
 
 fn policy(name: &str) -> PathBuf {
-    built().join(format!("{name}.wasm"))
+    built_policy(name)
 }
 
 fn entry(name: &str, policy_name: &str, settings: Value) -> Value {

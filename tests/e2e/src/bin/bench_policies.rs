@@ -7,11 +7,10 @@
 //! the added cost against no policy.
 //!
 //! Usage: bench_policies [--rounds N] (default 300)
-//! Build first: bash scripts/build-plugin.sh && bash scripts/build-policies.sh
-//!   && cargo build --release -p thereabouts-e2e
+//! Build first: bash scripts/build-plugin.sh && cargo build --release -p thereabouts-e2e
+//! (it builds the policies itself, with scripts/build-policies.sh)
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -22,11 +21,6 @@ struct Side {
     conf: String,
     fails: bool,
     add: Vec<Duration>,
-}
-
-fn compile(policy: &Path, cache: &Path) {
-    let out = Command::new(thereabouts_bin()).args(["policy", "compile"]).arg(policy).arg("--cache").arg(cache).env_remove("CNI_COMMAND").output().unwrap();
-    assert!(out.status.success(), "compiling {}: {}", policy.display(), String::from_utf8_lossy(&out.stderr));
 }
 
 fn conf(dir: &Path, policies: Value) -> String {
@@ -45,12 +39,11 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--rounds") {
         rounds = args.get(i + 1).and_then(|v| v.parse().ok()).expect("--rounds N");
     }
-    let policies = workspace_root().join("target/policies");
-    let policy = |name: &str| -> PathBuf { policies.join(format!("{name}.wasm")) };
+    let policy = built_policy;
     let tmp = TempDir::new("bench-policies");
     let cache = tmp.sub("cache");
     for name in ["sticky-ordinal", "keep-addresses", "namespace-ranges", "hostile-fixtures"] {
-        compile(&policy(name), &cache);
+        compile_policy(&policy(name), &cache);
     }
     let sticky = json!({"name": "sticky", "path": policy("sticky-ordinal"), "settings": {"base": 10}});
     let keep = json!({"name": "keep", "path": policy("keep-addresses"), "settings": {"deny": ["192.0.2.250"]}});
