@@ -32,13 +32,20 @@ fn parse_go_bool(text: &str) -> Option<bool> {
     }
 }
 
+fn invalid(detail: String) -> ConfigError {
+    ConfigError::new(code::INVALID_ENV, "CNI_ARGS", format!("CNI_ARGS: {detail}"))
+}
+
+/// Every `KEY=VALUE` pair, in order (what a policy is shown of CNI_ARGS).
+pub fn pairs(text: &str) -> Result<Vec<(&str, &str)>> {
+    text.split(';')
+        .filter(|p| !p.is_empty())
+        .map(|pair| pair.split_once('=').ok_or_else(|| invalid(format!("invalid pair {pair:?} (expected KEY=VALUE)"))))
+        .collect()
+}
+
 pub fn parse(text: &str) -> Result<CniArgs> {
-    let invalid = |detail: String| ConfigError::new(code::INVALID_ENV, "CNI_ARGS", format!("CNI_ARGS: {detail}"));
-    let mut pairs = Vec::new();
-    for pair in text.split(';').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').ok_or_else(|| invalid(format!("invalid pair {pair:?} (expected KEY=VALUE)")))?;
-        pairs.push((key, value));
-    }
+    let pairs = pairs(text)?;
     let ignore_unknown = match pairs.iter().rev().find(|(k, _)| *k == "IgnoreUnknown") {
         Some((_, v)) => parse_go_bool(v).ok_or_else(|| invalid(format!("IgnoreUnknown={v:?} is not a boolean")))?,
         None => false,

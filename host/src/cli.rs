@@ -18,6 +18,7 @@ use crate::component::EngineComponent;
 use crate::controller::tools;
 use crate::json::pretty;
 use crate::placement::{Claims, Placement};
+use crate::policy::preview::{PodNames, PolicyView};
 use crate::{datastore, ipam, network_config};
 
 #[derive(Debug, Parser)]
@@ -54,6 +55,15 @@ pub enum CliCommand {
         /// Start from the allocations in the configured datastore (read-only) instead of empty pools
         #[arg(long)]
         from_datastore: bool,
+        /// With `policies`: the pods' namespace (pod i is NAMESPACE/PREFIXi, from 0)
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// With `policies`: the pods' name prefix (`web-` for a StatefulSet `web`)
+        #[arg(long, value_name = "PREFIX", default_value = "pod-")]
+        pod_prefix: String,
+        /// With `policies`: a label of every pod, KEY=VALUE (repeatable)
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
     },
     /// Show usage of every range's pool in the configured datastore (with
     /// --check: report what is inconsistent in it)
@@ -204,7 +214,10 @@ pub enum Output {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        CliCommand::Preview { config, pods, output, from_datastore } => preview(&config, pods, output, from_datastore),
+        CliCommand::Preview { config, pods, output, from_datastore, namespace, pod_prefix, labels } => {
+            let labels = crate::policy::tools::labels_of(&labels)?;
+            preview(&config, pods, output, from_datastore, &PodNames { namespace: &namespace, prefix: &pod_prefix, labels: &labels })
+        }
         CliCommand::Pools { config, output, check: false } => pools(&config, output),
         CliCommand::Pools { config, output, check: true } => finish(check(&config, output)),
         CliCommand::Reconcile { config, dry_run, kubeconfig, completed_grace_seconds, output } => {
@@ -287,6 +300,9 @@ pub struct PreviewPod {
     /// One per range, in range order: `ip/prefix`, or `null` for every range of a pod whose ADD would fail
     /// (with `first_available`, also for the ranges a served pod gets nothing from).
     pub addresses: Vec<Option<String>>,
+    /// With policies: the pod's name, what they refused, why it failed.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyView>,
 }
 
 /// `pods` rows from the engine's table: the served pods' addresses, then `null`s.
@@ -313,13 +329,20 @@ pub fn preview_report(config: &NormalizedConfig, table: &PreviewTable, pods: u32
                     Some(_) => Vec::new(),
                     None => vec![None; config.ranges.len()],
                 };
-                PreviewPod { pod, addresses }
+                PreviewPod { pod, addresses, policy: None }
             })
             .collect(),
     }
 }
 
-fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Result<()> {
+/// The report of a preview with policies: one row per pod, planned in turn.
+fn policy_preview_report(config: &NormalizedConfig, rows: Vec<crate::policy::preview::PreviewedPod>) -> PreviewReport {
+    let mut report = preview_report(config, &PreviewTable::default(), 0);
+    report.pods = rows.into_iter().zip(1..).map(|((addresses, view), pod)| PreviewPod { pod, addresses, policy: Some(view) }).collect();
+    report
+}
+
+fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool, names: &PodNames) -> Result<()> {
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
     let pools = if from_datastore {
@@ -328,8 +351,12 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Resu
     } else {
         Vec::new()
     };
-    let previewed = engine.preview(&config, &pools, pods)?;
-    let report = preview_report(&config, &previewed, pods);
+    let report = if config.policies.is_empty() {
+        let previewed = engine.preview(&config, &pools, pods)?;
+        preview_report(&config, &previewed, pods)
+    } else {
+        policy_preview_report(&config, crate::policy::preview::preview(&mut engine, &config, pools, pods, names)?)
+    };
     match output {
         Output::Json => print!("{}", pretty(&report)),
         Output::Table => {
@@ -338,16 +365,39 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool) -> Resu
                 vec![r.cidr.clone(), r.first.clone(), r.last.clone(), r.usable.clone(), r.gateway.clone().unwrap_or_else(|| "-".into()), r.pool_name.clone()]
             }));
             println!("{}", table(&rows));
-            let mut rows = vec![std::iter::once("POD".to_string()).chain(report.ranges.iter().map(|r| r.cidr.clone())).collect::<Vec<_>>()];
+            let with_policies = report.pods.iter().any(|p| p.policy.is_some());
+            let mut head: Vec<String> = std::iter::once("POD".to_string()).chain(report.ranges.iter().map(|r| r.cidr.clone())).collect();
+            if with_policies {
+                head.push("POLICIES".into());
+            }
+            let mut rows = vec![head];
             rows.extend(report.pods.iter().map(|p| {
                 // A served pod's empty cells are ranges it does not use (`first_available`).
-                let none = if p.addresses.iter().any(Option::is_some) { "-" } else { "exhausted" };
-                std::iter::once(p.pod.to_string()).chain(p.addresses.iter().map(|a| a.clone().unwrap_or_else(|| none.into()))).collect()
+                let none = match &p.policy {
+                    _ if p.addresses.iter().any(Option::is_some) => "-",
+                    Some(view) if view.failure.is_some() => "failed",
+                    _ => "exhausted",
+                };
+                let pod = p.policy.as_ref().map_or_else(|| p.pod.to_string(), |v| v.name.clone());
+                let mut row: Vec<String> = std::iter::once(pod).chain(p.addresses.iter().map(|a| a.clone().unwrap_or_else(|| none.into()))).collect();
+                if let Some(view) = &p.policy {
+                    row.push(policy_note(view));
+                }
+                row
             }));
             print!("{}", table(&rows));
         }
     }
     Ok(())
+}
+
+/// A pod's failure, else what the policies refused (`-`: nothing).
+fn policy_note(view: &PolicyView) -> String {
+    if let Some(failure) = &view.failure {
+        return failure.clone();
+    }
+    let refused: Vec<String> = view.refused.iter().map(|r| format!("{} refused {}: {}", r.policy, r.address, r.reason)).collect();
+    if refused.is_empty() { "-".into() } else { refused.join("; ") }
 }
 
 /// `pools --output json`.

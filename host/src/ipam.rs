@@ -279,7 +279,7 @@ pub fn plan_once(
     };
     let asking = Holder { container_id: &request.container_id, pod_ref: &request.pod_ref, ifname: &request.ifname };
     let states = states_of(config, &loaded, asking, false);
-    let planned = guide.plan(engine, config, &states, &mut request)?;
+    let planned = guide.plan(engine, config, &states, Reservations::AsRead, &mut request)?.planned;
     let outcomes = planned.map_err(plan_failure)?;
     Ok(outcomes.iter().map(|o| o.assignment().address.clone()).collect())
 }
@@ -315,10 +315,15 @@ pub fn allocate(
         let states = states_of(config, loaded, asking, reserving);
         let planned = match guide {
             None => engine.plan_all(config, &states, Reservations::AsRead, &request).map_err(EngineFailure)?,
-            Some(guide) => guide.plan(engine, config, &states, &mut request).map_err(|e| match e {
-                GuideError::Stop(stop) => IpamError::Policy(stop),
-                GuideError::Engine(e) => IpamError::Engine(e),
-            })?,
+            Some(guide) => {
+                guide
+                    .plan(engine, config, &states, Reservations::AsRead, &mut request)
+                    .map_err(|e| match e {
+                        GuideError::Stop(stop) => IpamError::Policy(stop),
+                        GuideError::Engine(e) => IpamError::Engine(e),
+                    })?
+                    .planned
+            }
         };
         let outcomes = planned.map_err(plan_failure)?;
         let mut changes = Changes::new();

@@ -20,8 +20,9 @@ pub fn policy_engine_config() -> wasmtime::Config {
     // Wall-clock bound: the generated code checks the engine's epoch at every
     // function entry and loop header, and the host's watchdog bumps it when a
     // call's `timeout_ms` is up, so even `loop {}` traps (`Trap::Interrupt`).
-    // Epochs rather than fuel: cheaper per call (measured +23% against +33%,
-    // reference/wasm-component-recipe.md §6), and a policy's budget is time.
+    // Epochs rather than fuel: cheaper (measured +4 % against +6-7 % per
+    // hook call, +24-40 % against +37-56 % in compute; docs/benchmarks.md,
+    // "Epochs or fuel"), and a policy's budget is time, which fuel is not.
     config.epoch_interruption(true);
     config.consume_fuel(false);
     // Half of wasmtime's 512 KiB default: a policy has no reason to recurse

@@ -22,6 +22,7 @@ use crate::logging;
 use crate::network_config;
 use crate::placement::{Claims, Placement};
 use crate::policy::decide::{Guide, Policies, Subject};
+use crate::policy::failure::PolicyStop;
 use crate::policy::hooks::redacted;
 use crate::policy::sandbox::PolicyEngine;
 
@@ -111,7 +112,7 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     // Policies first: loaded, settings checked and ranges chosen before any
     // pool is read. Without policies none of this runs.
     let started = Instant::now();
-    let policy_engine = if config.policies.is_empty() { None } else { Some(PolicyEngine::new().map_err(|e| policy_stop("", e))?) };
+    let policy_engine = if config.policies.is_empty() { None } else { Some(PolicyEngine::new().map_err(|e| ipam::IpamError::Policy(PolicyStop::Sandbox(e)))?) };
     let engine_made = Instant::now();
     let policies = match &policy_engine {
         Some(pe) => Some(Policies::load(pe, &config.policies).map_err(ipam::IpamError::Policy)?),
@@ -161,19 +162,16 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     result.to_json(&config.cni_version)
 }
 
-/// CNI_ARGS as key-value pairs, in order (the engine validated the string).
+/// CNI_ARGS as key-value pairs, in order, by the engine's own parser (the
+/// engine's normalize has already refused a string it cannot parse).
 fn arg_pairs(cni_args: &str) -> Vec<(String, String)> {
-    cni_args
-        .split(';')
-        .filter(|p| !p.is_empty())
-        .map(|p| p.split_once('=').map_or((p.to_string(), String::new()), |(k, v)| (k.to_string(), v.to_string())))
-        .collect()
+    thereabouts_allocator::cni_args::pairs(cni_args).unwrap_or_default().into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 /// The Pod's labels and annotations for a policy that needs them: one GET
 /// with the kubeconfig of the config (its datastore's, or `kubernetes.kubeconfig`).
 fn pod_metadata(config: &NormalizedConfig, namespace: &str, name: &str, deadline: Instant) -> Result<PodMetadata, CniError> {
-    let unreadable = |detail: String| ipam::IpamError::Policy(crate::policy::failure::PolicyStop::PodUnreadable { pod: config.pod_ref.clone(), detail });
+    let unreadable = |detail: String| ipam::IpamError::Policy(PolicyStop::PodUnreadable { pod: config.pod_ref.clone(), detail });
     if name.is_empty() {
         return Err(unreadable("CNI_ARGS name no pod (K8S_POD_NAMESPACE, K8S_POD_NAME)".into()).into());
     }
@@ -182,10 +180,6 @@ fn pod_metadata(config: &NormalizedConfig, namespace: &str, name: &str, deadline
     };
     let store = datastore::kubernetes::KubernetesStore::open(std::path::Path::new(kubeconfig)).map_err(|e| unreadable(e.to_string()))?;
     store.pod_metadata(namespace, name, deadline).map_err(|e| unreadable(e.to_string()).into())
-}
-
-fn policy_stop(policy: &str, source: crate::policy::failure::LoadError) -> ipam::IpamError {
-    ipam::IpamError::Policy(crate::policy::failure::PolicyStop::Load { policy: policy.to_string(), source })
 }
 
 /// Allocated addresses in the order served, then static addresses; routes and DNS as configured.

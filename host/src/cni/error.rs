@@ -140,7 +140,7 @@ impl From<PolicyStop> for CniError {
         let config_problem = match &stop {
             PolicyStop::Load { .. } => true,
             PolicyStop::Failed(e) => matches!(e.failure, CallFailure::BadSettings(_)),
-            PolicyStop::Vetoed { .. } | PolicyStop::PodUnreadable { .. } => false,
+            PolicyStop::Vetoed { .. } | PolicyStop::PodUnreadable { .. } | PolicyStop::Sandbox(_) => false,
         };
         CniError::new(if config_problem { code::INVALID_CONFIG } else { code::INTERNAL }, stop.to_string())
     }

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::failure::LoadError;
+use super::records;
 
 /// The compiled policies' root-owned cache.
 pub const DEFAULT_CACHE: &str = "/var/lib/thereabouts/policies";
@@ -40,13 +41,42 @@ pub fn digest_of(path: &Path) -> Result<String, LoadError> {
     Ok(hex(&Sha256::digest(&bytes)))
 }
 
+/// Where digests are remembered by file identity (see [`remembered_digest`]).
+const BY_FILE: &str = "by-file";
+
+/// The name a file's digest is remembered under: everything that changes
+/// when its bytes do. A write sets `ctime` to the kernel's clock (no one can
+/// set it back without root), and a file put in its place has another inode
+/// or another `ctime`, as git's index and ccache rely on.
+fn identity(meta: &std::fs::Metadata) -> String {
+    format!("{}-{}-{}-{}.{}-{}.{}", meta.dev(), meta.ino(), meta.len(), meta.mtime(), meta.mtime_nsec(), meta.ctime(), meta.ctime_nsec())
+}
+
+/// The policy file's digest, from its record in the cache when the file is
+/// the one recorded, else hashed (and recorded, when this process may write
+/// the cache: the plugin as root). Hashing a 100 KB policy is most of what
+/// finding its artifact costs an ADD; a record costs a `stat` and a read.
+/// A record is believed only if root wrote it, in a cache only root can
+/// write; at worst a stale record names an artifact root compiled from an
+/// earlier version of the file, never code from anyone else.
+pub fn remembered_digest(path: &Path, cache: &Path) -> Result<String, LoadError> {
+    let meta = std::fs::metadata(path).map_err(|source| LoadError::Unreadable { path: path.to_path_buf(), source })?;
+    let record = cache.join(BY_FILE).join(identity(&meta));
+    if let Some(digest) = records::read(&record).filter(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return Ok(digest);
+    }
+    let digest = digest_of(path)?;
+    records::write(&record, &digest);
+    Ok(digest)
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The artifact for `policy` in `cache`, checked to be trusted.
 pub fn trusted_artifact(policy: &Path, cache: &Path) -> Result<PathBuf, LoadError> {
-    let artifact = cache.join(format!("{}-{}.cwasm", digest_of(policy)?, COMPAT.trim()));
+    let artifact = cache.join(format!("{}-{}.cwasm", remembered_digest(policy, cache)?, COMPAT.trim()));
     let meta = match std::fs::symlink_metadata(&artifact) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(LoadError::NotCompiled { path: policy.to_path_buf(), artifact }),
@@ -70,7 +100,7 @@ pub fn trusted_artifact(policy: &Path, cache: &Path) -> Result<PathBuf, LoadErro
 }
 
 /// Owned by root and writable by no one else.
-fn root_only(meta: &std::fs::Metadata) -> Result<(), String> {
+pub(super) fn root_only(meta: &std::fs::Metadata) -> Result<(), String> {
     if meta.uid() != 0 {
         return Err(format!("owned by uid {}, not root", meta.uid()));
     }
@@ -108,6 +138,31 @@ mod tests {
     fn a_group_writable_artifact_is_refused() {
         let (dir, policy) = cache_with(0o664);
         assert!(matches!(trusted_artifact(&policy, &dir.path().join("cache")), Err(LoadError::Untrusted { .. })));
+    }
+
+    #[test]
+    fn a_digest_is_remembered_by_the_file_identity() {
+        let (dir, policy) = cache_with(0o644);
+        let cache = dir.path().join("cache");
+        let first = remembered_digest(&policy, &cache).unwrap();
+        let records: Vec<_> = std::fs::read_dir(cache.join(BY_FILE)).unwrap().collect();
+        assert_eq!(records.len(), 1, "one record, no temporary left");
+        // A record that lies is believed (root wrote it): proof it is read.
+        let record = records[0].as_ref().unwrap().path();
+        std::fs::write(&record, "0".repeat(64)).unwrap();
+        assert_eq!(remembered_digest(&policy, &cache).unwrap(), "0".repeat(64));
+        assert_ne!(first, "0".repeat(64));
+    }
+
+    #[test]
+    fn a_record_others_could_write_is_not_believed() {
+        let (dir, policy) = cache_with(0o644);
+        let cache = dir.path().join("cache");
+        let digest = remembered_digest(&policy, &cache).unwrap();
+        let record = std::fs::read_dir(cache.join(BY_FILE)).unwrap().next().unwrap().unwrap().path();
+        std::fs::write(&record, "0".repeat(64)).unwrap();
+        std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(remembered_digest(&policy, &cache).unwrap(), digest);
     }
 
     #[test]

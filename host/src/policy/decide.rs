@@ -7,12 +7,15 @@
 
 use std::collections::BTreeSet;
 
-use thereabouts_allocator::model::{Guidance, NormalizedConfig, PolicyConfig, PolicyMode, PolicyOnError, RangeCandidates, RangePick};
+use thereabouts_allocator::model::{
+    Guidance, NormalizedConfig, PlanFailure, PlanOutcome, PolicyConfig, PolicyMode, PolicyOnError, PoolState, RangeCandidates, RangePick, Request, Reservations,
+};
 
 use super::artifact;
 use super::failure::{CallFailure, Hook, PolicyError, PolicyStop};
 pub use super::hooks::Subject;
 use super::hooks::{self, Choice, Input, Needs};
+use super::records;
 use super::sandbox::{LoadedPolicy, PolicyEngine};
 use crate::logging;
 
@@ -30,32 +33,56 @@ pub struct Policies<'e> {
     active: Vec<Active<'e>>,
 }
 
-/// A range's merged pick, and the policy whose `prefer` it carries (the
-/// engine's complaint about that preference is that policy's bad answer).
+/// A range's merged pick, the policy whose `prefer` it carries (the
+/// engine's complaint about that preference is that policy's bad answer),
+/// and every refusal with its policy and reason (shown by `preview`).
 pub struct Merged {
     pub pick: RangePick,
     pub prefer_of: Option<usize>,
+    pub refused: Vec<Refused>,
+}
+
+/// An address a policy turned down in a range, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Refused {
+    pub range: u32,
+    pub address: String,
+    pub policy: String,
+    pub reason: String,
 }
 
 impl<'e> Policies<'e> {
+    /// Loads the policies for an ADD (or a preview): settings accepted
+    /// before for the same artifact are not asked again (see `validated`).
     pub fn load(engine: &'e PolicyEngine, configs: &'e [PolicyConfig]) -> Result<Self, PolicyStop> {
+        Self::load_with(engine, configs, true)
+    }
+
+    /// Loads the policies and asks each `validate-settings`, whatever it
+    /// answered before (`thereabouts policy check`).
+    pub fn load_asking(engine: &'e PolicyEngine, configs: &'e [PolicyConfig]) -> Result<Self, PolicyStop> {
+        Self::load_with(engine, configs, false)
+    }
+
+    fn load_with(engine: &'e PolicyEngine, configs: &'e [PolicyConfig], remembered: bool) -> Result<Self, PolicyStop> {
         let cache = artifact::cache_dir();
         let mut active = Vec::with_capacity(configs.len());
         for config in configs {
             let started = std::time::Instant::now();
             let found = artifact::trusted_artifact(config.path.as_ref(), &cache);
             let checked = std::time::Instant::now();
-            let loaded = found.and_then(|a| engine.load(&a, config.timeout_ms, config.memory_mib));
+            let loaded = found.and_then(|a| engine.load(&a, config.timeout_ms, config.memory_mib).map(|p| (p, a)));
             let ready = std::time::Instant::now();
-            let policy = match loaded {
-                Ok(p) => p,
+            let (policy, artifact) = match loaded {
+                Ok(loaded) => loaded,
                 Err(e) if config.on_error == PolicyOnError::Ignore => {
                     logging::error(format!("policy {:?} not loaded, ignored (on_error: ignore): {e}", config.name));
                     continue;
                 }
                 Err(source) => return Err(PolicyStop::Load { policy: config.name.clone(), source }),
             };
-            let validated = hooks::validate_settings(&policy, &config.settings);
+            let ask = || hooks::validate_settings(&policy, &config.settings);
+            let validated = if remembered { validated(&cache, &artifact, config, ask) } else { ask() };
             let micros = |from: std::time::Instant, to: std::time::Instant| to.duration_since(from).as_micros();
             logging::debug(format!(
                 "policy {:?}: artifact found and checked in {} µs, loaded in {} µs, settings checked in {} µs",
@@ -136,7 +163,7 @@ impl<'e> Policies<'e> {
     ) -> Result<Vec<Merged>, PolicyStop> {
         let mut merged = Vec::new();
         for range in offered.iter().filter(|r| r.held.is_none()) {
-            let mut m = Merged { pick: RangePick { range_index: range.range_index, ..RangePick::default() }, prefer_of: None };
+            let mut m = Merged { pick: RangePick { range_index: range.range_index, ..RangePick::default() }, prefer_of: None, refused: Vec::new() };
             let mut free = range.free.clone();
             for (i, p) in self.active.iter().enumerate() {
                 if skip.contains(&(i, range.range_index)) {
@@ -159,7 +186,13 @@ impl<'e> Policies<'e> {
                 let refused: BTreeSet<&str> = pick.refused.iter().map(|(a, _)| a.as_str()).collect();
                 free.retain(|a| !refused.contains(a.as_str()));
                 m.pick.prefer.retain(|a| !refused.contains(a.as_str()));
-                m.pick.refuse.extend(pick.refused.into_iter().map(|(a, _)| a));
+                m.pick.refuse.extend(pick.refused.iter().map(|(a, _)| a.clone()));
+                m.refused.extend(pick.refused.into_iter().map(|(address, reason)| Refused {
+                    range: range.range_index,
+                    address,
+                    policy: p.config.name.clone(),
+                    reason,
+                }));
                 match pick.choice {
                     Choice::BuiltIn => {}
                     Choice::Veto(reason) => {
@@ -197,6 +230,35 @@ impl<'e> Policies<'e> {
     }
 }
 
+/// Where accepted settings are remembered, by what decides the answer.
+const SETTINGS: &str = "settings";
+
+/// `validate-settings` of a policy, or what it answered before for the same
+/// artifact, settings and limits (see `records`). Only an acceptance is
+/// remembered: a rejection fails the ADD, and is asked again the next time.
+fn validated(
+    cache: &std::path::Path,
+    artifact: &std::path::Path,
+    config: &PolicyConfig,
+    ask: impl FnOnce() -> Result<Needs, CallFailure>,
+) -> Result<Needs, CallFailure> {
+    use sha2::{Digest, Sha256};
+    let artifact_name = artifact.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    let key = Sha256::digest(format!("{artifact_name}\n{}\n{}\n{}", config.timeout_ms, config.memory_mib, config.settings));
+    let record = cache.join(SETTINGS).join(key.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let text_of = |n: Needs| format!("accepted; labels={} annotations={}", n.labels, n.annotations);
+    if let Some(text) = records::read(&record) {
+        for needs in [(false, false), (true, false), (false, true), (true, true)].map(|(labels, annotations)| Needs { labels, annotations }) {
+            if text == text_of(needs) {
+                return Ok(needs);
+            }
+        }
+    }
+    let needs = ask()?;
+    records::write(&record, &text_of(needs));
+    Ok(needs)
+}
+
 /// The guidance the engine applies.
 pub fn guidance(selection: Option<Vec<u32>>, merged: &[Merged]) -> Guidance {
     Guidance { ranges: selection, picks: merged.iter().map(|m| m.pick.clone()).collect() }
@@ -230,34 +292,91 @@ pub enum GuideError {
     Engine(#[from] crate::component::EngineFailure),
 }
 
+/// A guided plan: the engine's answer, and what the policies refused on the way.
+pub struct Guided {
+    pub planned: Result<Vec<PlanOutcome>, PlanFailure>,
+    pub refused: Vec<Refused>,
+}
+
 impl Guide<'_, '_> {
     /// Offers each selected range's candidates to the policies, then plans
     /// with their merged picks. A pick the engine finds bad is its policy's
     /// bad answer: `deny` stops the ADD, `ignore` plans again without it.
+    ///
+    /// The pools cross into the engine twice (for `candidates`, then for
+    /// `plan-all`) on purpose: the policies answer in between, and the
+    /// engine, a pure function, keeps nothing from one call to the next.
     pub fn plan(
         &self,
         engine: &mut crate::component::EngineComponent,
         config: &NormalizedConfig,
-        states: &[thereabouts_allocator::model::PoolState],
-        request: &mut thereabouts_allocator::model::Request,
-    ) -> Result<Result<Vec<thereabouts_allocator::model::PlanOutcome>, thereabouts_allocator::model::PlanFailure>, GuideError> {
+        states: &[PoolState],
+        reservations: Reservations,
+        request: &mut Request,
+    ) -> Result<Guided, GuideError> {
         use crate::component::EngineFailure;
-        use thereabouts_allocator::model::{PlanFailure, Reservations};
         let ranges: Vec<u32> = self.selection.clone().unwrap_or_else(|| (0..config.ranges.len() as u32).collect());
         request.guidance = None;
         let offered = engine
-            .candidates(config, states, Reservations::AsRead, request, &ranges, CANDIDATES)
+            .candidates(config, states, reservations, request, &ranges, CANDIDATES)
             .map_err(EngineFailure)?
             .map_err(|e| EngineFailure(anyhow::anyhow!("candidates: {e}")))?;
         let mut skip = BTreeSet::new();
         loop {
             let merged = self.policies.picks(&self.subject, &self.seen, &offered, &skip)?;
             request.guidance = Some(guidance(self.selection.clone(), &merged));
-            let planned = engine.plan_all(config, states, Reservations::AsRead, request).map_err(EngineFailure)?;
-            let Err(PlanFailure::BadPick { range_index, message }) = &planned else { return Ok(planned) };
-            let Some(policy) = merged.iter().find(|m| m.pick.range_index == *range_index).and_then(|m| m.prefer_of) else { return Ok(planned) };
+            let planned = engine.plan_all(config, states, reservations, request).map_err(EngineFailure)?;
+            let refused = || merged.iter().flat_map(|m| m.refused.iter().cloned()).collect();
+            let Err(PlanFailure::BadPick { range_index, message }) = &planned else { return Ok(Guided { refused: refused(), planned }) };
+            let Some(policy) = merged.iter().find(|m| m.pick.range_index == *range_index).and_then(|m| m.prefer_of) else {
+                return Ok(Guided { refused: refused(), planned });
+            };
             fail(self.policies.config_of(policy), Hook::PickAddress, CallFailure::BadAnswer(message.clone()))?;
             skip.insert((policy, *range_index));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(settings: &str) -> PolicyConfig {
+        PolicyConfig {
+            name: "p".into(),
+            path: "p.wasm".into(),
+            settings: settings.into(),
+            timeout_ms: 10,
+            memory_mib: 4,
+            on_error: PolicyOnError::Deny,
+            mode: PolicyMode::Enforce,
+        }
+    }
+
+    #[test]
+    fn accepted_settings_are_asked_once_and_rejected_ones_every_time() {
+        let cache = std::env::temp_dir().join(format!("thab-validated-{}", std::process::id()));
+        std::fs::create_dir_all(&cache).unwrap();
+        let artifact = cache.join("abc-123.cwasm");
+        let needs = Needs { labels: true, annotations: false };
+        let mut asked = 0;
+        for _ in 0..3 {
+            let answer = validated(&cache, &artifact, &config("{}"), || {
+                asked += 1;
+                Ok(needs)
+            });
+            assert_eq!(answer, Ok(needs));
+        }
+        assert_eq!(asked, 1, "the answer was remembered");
+        let mut rejected = 0;
+        for _ in 0..2 {
+            let answer = validated(&cache, &artifact, &config("{\"x\":1}"), || {
+                rejected += 1;
+                Err(CallFailure::BadSettings("no".into()))
+            });
+            assert!(answer.is_err());
+        }
+        assert_eq!(rejected, 2, "other settings are asked, and a rejection is not remembered");
+        std::fs::remove_dir_all(&cache).unwrap();
     }
 }

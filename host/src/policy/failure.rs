@@ -72,6 +72,10 @@ pub struct PolicyError {
 pub enum PolicyStop {
     #[error("policy {policy:?}: {source}")]
     Load { policy: String, source: LoadError },
+    /// The sandbox itself (the policy engine, its watchdog) cannot start:
+    /// no policy is at fault.
+    #[error("the policy sandbox cannot start: {0}")]
+    Sandbox(LoadError),
     #[error(transparent)]
     Failed(#[from] PolicyError),
     /// A policy needs the Pod's labels or annotations, and they cannot be read.

@@ -4,10 +4,12 @@
 //!
 //! - [`artifact`]: the root-owned cache of precompiled policies, and why an
 //!   artifact may be loaded (the plugin never compiles);
+//! - [`records`]: what the cache remembers so an ADD need not redo it;
 //! - [`sandbox`]: the policy engine, a loaded policy, one bounded call;
 //! - [`watchdog`]: the wall-clock deadline of a call;
 //! - [`decide`]: the config's policies for one ADD, `on_error` and `mode` applied;
 //! - [`hooks`]: the three hooks with the host's types, answers size-checked;
+//! - [`preview`]: `thereabouts preview` with policies, pod after pod;
 //! - [`tools`]: `thereabouts policy compile|check|run|bench`;
 //! - [`failure`]: what can go wrong, as values.
 
@@ -16,6 +18,8 @@ mod bindings;
 pub mod decide;
 pub mod failure;
 pub mod hooks;
+pub mod preview;
+mod records;
 pub mod sandbox;
 pub mod tools;
 pub mod watchdog;

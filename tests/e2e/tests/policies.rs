@@ -95,6 +95,55 @@ fn deny_listed_addresses_are_kept_for_something_else() {
     assert_eq!(s.add("p1", "c1", &conf), ["192.0.2.4/24", "2001:db8::2/64"]);
 }
 
+/// `thereabouts preview` with policies, as JSON (nothing is written).
+fn preview(s: &Setup, conf: &str, args: &[&str]) -> Value {
+    let file = s.dir.path().join("net.conf");
+    std::fs::write(&file, conf).unwrap();
+    let out = std::process::Command::new(thereabouts_bin())
+        .args(["preview", "--output", "json", "--config", file.to_str().unwrap()])
+        .args(args)
+        .env("THEREABOUTS_POLICY_CACHE", s.cache())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "preview: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn preview_plans_pod_after_pod_with_the_policies_and_says_what_they_refused() {
+    let s = Setup::new("policy-preview", &["sticky-ordinal", "keep-addresses"]);
+    let conf = s.conf(json!([
+        entry("sticky", "sticky-ordinal", json!({"base": 1, "statefulsets": ["db"]})),
+        entry("keep", "keep-addresses", json!({"deny": ["192.0.2.1"]})),
+    ]));
+    let report = preview(&s, &conf, &["--pods", "3", "--pod-prefix", "web-"]);
+    let pods = report["pods"].as_array().unwrap();
+    let addresses: Vec<&Value> = pods.iter().map(|p| &p["addresses"]).collect();
+    assert_eq!(addresses, [&json!(["192.0.2.2/24", "2001:db8::1/64"]), &json!(["192.0.2.3/24", "2001:db8::2/64"]), &json!(["192.0.2.4/24", "2001:db8::3/64"])]);
+    assert_eq!(pods[0]["name"], "default/web-0");
+    assert_eq!(pods[0]["refused"], json!([{"range": 0, "address": "192.0.2.1", "policy": "keep", "reason": "deny-listed by settings"}]));
+    assert_eq!(pods[0]["failure"], Value::Null);
+    // The StatefulSet the sticky policy serves: db-N at first + base + N.
+    let report = preview(&s, &conf, &["--pods", "2", "--pod-prefix", "db-"]);
+    let addresses: Vec<&Value> = report["pods"].as_array().unwrap().iter().map(|p| &p["addresses"]).collect();
+    assert_eq!(addresses, [&json!(["192.0.2.2/24", "2001:db8::2/64"]), &json!(["192.0.2.3/24", "2001:db8::3/64"])]);
+    assert!(std::fs::read_dir(s.dir.sub("data")).map_or(true, |mut d| d.next().is_none()), "preview writes nothing");
+}
+
+#[test]
+fn a_preview_pod_a_policy_vetoes_fails_alone() {
+    let s = Setup::new("policy-preview-veto", &["keep-addresses"]);
+    // 192.0.2.0/30 hands out .1 and .2; only .2 has an even offset.
+    let mut conf = thereabouts_conf("1.1.0", "blue", &s.dir.sub("data"), None, &["192.0.2.0/30"]);
+    conf["ipam"]["policies"] = json!([entry("keep", "keep-addresses", json!({"deny": [], "only_even": true}))]);
+    let report = preview(&s, &conf.to_string(), &["--pods", "3"]);
+    let pods = report["pods"].as_array().unwrap();
+    assert_eq!(pods[0]["addresses"], json!(["192.0.2.2/30"]));
+    assert_eq!(pods[1]["addresses"], json!([null]));
+    assert!(pods[1]["failure"].as_str().is_some_and(|f| f.contains("keep") && f.contains("only_even")), "{}", pods[1]);
+    assert!(pods[2]["failure"].is_string(), "a later pod is planned too");
+}
+
 /// The hostile fixture on `hook` doing `what`, with a 50 ms deadline.
 fn hostile(hook: &str, what: &str, extra: Value) -> Value {
     let mut settings = json!({"hook": hook, "do": what});

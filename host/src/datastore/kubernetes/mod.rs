@@ -67,6 +67,8 @@ const CLEANUP_GRACE: Duration = Duration::from_secs(2);
 const JSON_PATCH: &str = "application/json-patch+json";
 const JSON: &str = "application/json";
 const JSON_MERGE_PATCH: &str = "application/merge-patch+json";
+/// Said with a 403 on a pod read: what grants it.
+const POD_READ_HINT: &str = "the plugin's identity may not read pods: a policy that declares pod-labels or pod-annotations needs deploy/rbac-pod-labels.yaml applied, see docs/policies.md";
 
 pub struct KubernetesStore {
     runtime: ClientRuntime,
@@ -150,6 +152,8 @@ impl KubernetesStore {
                 };
                 Ok(PodMetadata { labels: pairs("labels"), annotations: pairs("annotations") })
             }
+            // Forbidden is the shipped RBAC doing its job: say what grants it.
+            Reply::Status(status) if status.code == 403 => Err(self.status_error(&status, &format!("{action} ({POD_READ_HINT})"))),
             Reply::Status(status) => Err(self.status_error(&status, &action)),
         }
     }

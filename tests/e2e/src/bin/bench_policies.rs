@@ -1,9 +1,11 @@
 //! Benchmark (issue 14): what policy extensions cost a CNI ADD, whole process,
-//! on the file datastore. Four sides in interleaved rounds (the order rotates
+//! on the file datastore. Five sides in interleaved rounds (the order rotates
 //! every round so machine noise hits all alike), each with its own data dir:
-//! no policy; one (sticky-ordinal); three (sticky-ordinal, keep-addresses,
-//! namespace-ranges); and the hostile loop with `timeout_ms` 10, whose ADD
-//! fails, to time a deadline's stop. Prints the ADD's p50 and p90 per side and
+//! no policy; one (sticky-ordinal); the same one from a cache where the
+//! plugin cannot keep its records (host/src/policy/records.rs), so each ADD
+//! hashes the file and validates the settings; three (sticky-ordinal,
+//! keep-addresses, namespace-ranges); and the hostile loop with `timeout_ms`
+//! 10, whose ADD fails, to time a deadline's stop. Prints the ADD's p50 and p90 per side and
 //! the added cost against no policy.
 //!
 //! Usage: bench_policies [--rounds N] (default 300)
@@ -19,6 +21,7 @@ use thereabouts_e2e::*;
 struct Side {
     name: &'static str,
     conf: String,
+    cache: std::path::PathBuf,
     fails: bool,
     add: Vec<Duration>,
 }
@@ -45,15 +48,25 @@ fn main() {
     for name in ["sticky-ordinal", "keep-addresses", "namespace-ranges", "hostile-fixtures"] {
         compile_policy(&policy(name), &cache);
     }
+    // A cache where the plugin cannot leave its records (a file stands where
+    // each record directory would be): every ADD hashes the policy file and
+    // asks validate-settings, as before the records existed.
+    let bare = tmp.sub("cache-without-records");
+    compile_policy(&policy("sticky-ordinal"), &bare);
+    for name in ["by-file", "settings"] {
+        std::fs::write(bare.join(name), b"").expect("blocking a record directory");
+    }
     let sticky = json!({"name": "sticky", "path": policy("sticky-ordinal"), "settings": {"base": 10}});
     let keep = json!({"name": "keep", "path": policy("keep-addresses"), "settings": {"deny": ["192.0.2.250"]}});
     let ns = json!({"name": "ns", "path": policy("namespace-ranges"), "settings": {"namespaces": {"team-a": [1]}}});
     let hostile = json!({"name": "hostile", "path": policy("hostile-fixtures"), "settings": {"hook": "pick-address", "do": "loop"}, "timeout_ms": 10});
+    let side = |name, conf, cache: &Path, fails| Side { name, conf, cache: cache.to_path_buf(), fails, add: Vec::new() };
     let mut sides = vec![
-        Side { name: "no policy", conf: conf(&tmp.sub("none"), json!([])), fails: false, add: Vec::new() },
-        Side { name: "1 policy", conf: conf(&tmp.sub("one"), json!([sticky])), fails: false, add: Vec::new() },
-        Side { name: "3 policies", conf: conf(&tmp.sub("three"), json!([sticky, keep, ns])), fails: false, add: Vec::new() },
-        Side { name: "hostile loop, 10 ms", conf: conf(&tmp.sub("hostile"), json!([hostile])), fails: true, add: Vec::new() },
+        side("no policy", conf(&tmp.sub("none"), json!([])), &cache, false),
+        side("1 policy", conf(&tmp.sub("one"), json!([sticky])), &cache, false),
+        side("1 policy, no records", conf(&tmp.sub("bare"), json!([sticky])), &bare, false),
+        side("3 policies", conf(&tmp.sub("three"), json!([sticky, keep, ns])), &cache, false),
+        side("hostile loop, 10 ms", conf(&tmp.sub("hostile"), json!([hostile])), &cache, true),
     ];
     let n = sides.len();
     for round in 0..rounds + 10 {
@@ -64,7 +77,7 @@ fn main() {
             let call = |cmd: &str| {
                 let mut c = Call::pod(cmd, &cid, &pod);
                 c.ifname = "net1".into();
-                Invocation::new(c, side.conf.as_str()).env("THEREABOUTS_POLICY_CACHE", cache.to_str().unwrap()).run(&thereabouts_bin())
+                Invocation::new(c, side.conf.as_str()).env("THEREABOUTS_POLICY_CACHE", side.cache.to_str().unwrap()).run(&thereabouts_bin())
             };
             let add = call("ADD");
             assert_eq!(add.ok(), !side.fails, "{} ADD: {}", side.name, add.describe());
