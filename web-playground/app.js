@@ -1,7 +1,11 @@
 // The playground page: reads the config, asks the engine component, renders.
 import { extractConfig, ExtractError } from './lib/nad.js';
 import { normalize, configWarnings, Simulation, usage, parsePodList, offsetKey, MAX_PODS } from './lib/model.js';
-import { EXAMPLES } from './lib/examples.js';
+import { EXAMPLES, POLICY_SETTINGS } from './lib/examples.js';
+import { previewWithPolicies, podsJson, MAX_POLICY_PODS } from './lib/policies.js';
+import { PolicyRunner, deadlineOf } from './lib/policy-runner.js';
+import { PolicySources } from './lib/policy-sources.js';
+import { addPolicy, usesFile, fileNameOf, parseLabels, PolicyEditError, POLICY_DIR } from './lib/config-policies.js';
 
 const $ = (id) => document.getElementById(id);
 const els = {
@@ -12,7 +16,9 @@ const els = {
   previewSection: $('preview-section'), usage: $('usage'), summary: $('preview-summary'), podsTable: $('pods-table'),
   podsHead: document.querySelector('#pods-table .phead'), podsBody: document.querySelector('#pods-table .pbody'),
   churnDelete: $('churn-delete'), churnAdd: $('churn-add'), churnApply: $('churn-apply'), churnReset: $('churn-reset'), churnLog: $('churn-log'),
-  engineInfo: $('engine-info'),
+  engineInfo: $('engine-info'), churnBox: $('churn-box'),
+  policyExample: $('policy-example'), policyFile: $('policy-file'), policyStatus: $('policy-status'), policyList: $('policy-list'),
+  podNamespace: $('pod-namespace'), podPrefix: $('pod-prefix'), podLabels: $('pod-labels'),
 };
 
 const CODE_NAMES = { 1: 'incompatible CNI version', 4: 'invalid environment variables', 6: 'undecodable content', 7: 'invalid network configuration' };
@@ -25,6 +31,12 @@ let sim = null;          // the current Simulation, or null when the config is b
 let churnSteps = [];     // [[deleteText, addCount], ...] applied since the last preview, for the link
 let baseWarnings = [];
 let lastHash = '';
+// Policies run in a worker (lib/policy-runner.js); a preview with policies is
+// asynchronous, and a newer one supersedes it (policyRun counts them).
+const runner = new PolicyRunner(new URL('./policy-worker.js', import.meta.url));
+const sources = new PolicySources(runner);
+let policyRun = 0;
+let lastConfig = null;   // the last config that normalized, for the policy file picker
 
 const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
 const fmt = (n) => (typeof n === 'bigint' ? n : BigInt(n)).toLocaleString('en-US');
@@ -45,6 +57,8 @@ function fromBase64Url(s) {
 function currentHash() {
   const params = new URLSearchParams();
   params.set('n', String(podCount()));
+  const identity = { ns: [els.podNamespace.value, 'default'], prefix: [els.podPrefix.value, 'pod-'], labels: [els.podLabels.value, ''] };
+  for (const [k, [v, dflt]] of Object.entries(identity)) if (v !== dflt) params.set(k, v);
   if (churnSteps.length) params.set('churn', churnSteps.map(([d, a]) => `${d.replace(/\s+/g, '')}~${a}`).join('|'));
   params.set('config', toBase64Url(els.config.value));
   return '#' + params.toString();
@@ -67,6 +81,9 @@ function readHash() {
     showErrors([{ field: '#config', message: 'The link\'s config could not be decoded (was it cut short?).', source: 'playground' }]);
     return true;
   }
+  els.podNamespace.value = params.get('ns') ?? 'default';
+  els.podPrefix.value = params.get('prefix') ?? 'pod-';
+  els.podLabels.value = params.get('labels') ?? '';
   const n = Number(params.get('n'));
   if (Number.isInteger(n) && n >= 1) els.pods.value = String(Math.min(n, MAX_PODS));
   els.example.value = '';
@@ -103,6 +120,10 @@ function run() {
 
 function compute() {
   const t0 = performance.now();
+  // A preview with policies still running is superseded.
+  policyRun++;
+  runner.reset();
+  delete els.previewSection.dataset.policies;
   churnSteps = [];
   els.churnLog.innerHTML = '';
   let text;
@@ -119,8 +140,15 @@ function compute() {
     return null;
   }
   const config = result.config;
+  lastConfig = config;
   baseWarnings = configWarnings(engine, config);
+  renderPolicyList(config);
+  if (config.policies.length) {
+    startPolicyPreview(config, text);
+    return null;
+  }
   sim = new Simulation(engine, config, podCount());
+  els.churnBox.hidden = false;
   const t1 = performance.now();
   showErrors([]);
   renderRanges(config, text);
@@ -134,8 +162,112 @@ function compute() {
   return timing;
 }
 
+// ---------------------------------------------------------------- policies
+
+/** The pods' identity from the Policies section; throws PolicyEditError on bad labels. */
+function identity() {
+  return { namespace: els.podNamespace.value.trim() || 'default', prefix: els.podPrefix.value, labels: parseLabels(els.podLabels.value) };
+}
+
+/** Pods planned one at a time through the policies (in the worker), then rendered. */
+function startPolicyPreview(config, text) {
+  const run = policyRun;
+  const count = Math.min(podCount(), MAX_POLICY_PODS);
+  let who;
+  try {
+    who = identity();
+  } catch (e) {
+    if (!(e instanceof PolicyEditError)) throw e;
+    showBroken([{ field: 'Labels', message: e.message, source: 'playground' }]);
+    return;
+  }
+  sim = null;
+  showErrors([]);
+  renderRanges(config, text);
+  els.warningsSection.hidden = true;
+  els.previewSection.hidden = false;
+  els.previewSection.dataset.policies = 'running';
+  els.churnBox.hidden = true;
+  els.usage.innerHTML = '';
+  els.podsHead.innerHTML = '';
+  els.podsBody.innerHTML = '';
+  const t0 = performance.now();
+  const capped = count < podCount() ? ` (at most ${fmt(MAX_POLICY_PODS)} with policies)` : '';
+  els.summary.textContent = `Running ${config.policies.length} polic${config.policies.length === 1 ? 'y' : 'ies'} for ${fmt(count)} pods${capped}…`;
+  previewWithPolicies({
+    engine, config, count, identity: who, host: sources.hostFor(config.policies),
+    cancelled: () => run !== policyRun,
+    progress: (done) => { if (run === policyRun && done % 10 === 0) els.summary.textContent = `Planned ${fmt(done)} of ${fmt(count)} pods with the policies…`; },
+  }).then((result) => {
+    if (!result || run !== policyRun) return;
+    sim = result;
+    renderPreview();
+    const failed = sim.pods.filter((p) => p.failure).length;
+    els.summary.textContent = `${fmt(sim.pods.length)} pods${capped} planned one at a time with ${config.policies.length} polic${config.policies.length === 1 ? 'y' : 'ies'} in ${(performance.now() - t0).toFixed(0)} ms` +
+      `${failed ? `; ${fmt(failed)} got no address` : ''}. Each policy call ran in a worker, on a fresh instance.`;
+    window.playground.policyPreview = { ranges: config.ranges.map((r) => r.cidr), pods: podsJson(sim) };
+    els.previewSection.dataset.policies = 'done';
+  }).catch((e) => {
+    if (run !== policyRun) return;
+    console.error(e);
+    showBroken([{ field: '', message: `The preview with policies failed: ${e && e.message ? e.message : e}`, source: 'playground' }]);
+  });
+}
+
+/** The config's policies, what each resolves to, and the deadline the page enforces. */
+function renderPolicyList(config) {
+  els.policyList.innerHTML = config.policies.map((p) => {
+    const file = fileNameOf(p.path);
+    const kind = { picked: 'loaded from disk', example: 'example policy' }[sources.kindOf(p.path)] ?? 'not in the playground';
+    const deadline = deadlineOf(p.timeoutMs);
+    return `<li data-policy="${esc(p.name)}"><code>${esc(p.name)}</code>: ${esc(file)} (${kind}) · ${p.mode} · on_error ${p.onError} · timeout_ms ${p.timeoutMs}` +
+      `${deadline > p.timeoutMs ? ` (the page waits ${deadline} ms)` : ''} · memory_mib ${p.memoryMib}</li>`;
+  }).join('');
+}
+
+function policyStatus(text, isError = false) {
+  els.policyStatus.textContent = text;
+  els.policyStatus.classList.toggle('error-line', isError);
+}
+
+/** Appends a policy entry to the config (its `policies` are the source of truth) and previews. */
+function addPolicyEntry(entry) {
+  try {
+    els.config.value = addPolicy(els.config.value, entry);
+  } catch (e) {
+    if (!(e instanceof PolicyEditError)) throw e;
+    policyStatus(`Could not add ${entry.name}: ${e.message}.`, true);
+    return false;
+  }
+  els.example.value = '';
+  runNow();
+  return true;
+}
+
+function addExamplePolicy(name) {
+  if (!name) return;
+  const entry = { name, path: `${POLICY_DIR}/${name}.wasm`, settings: POLICY_SETTINGS[name] ?? {}, timeout_ms: 10, memory_mib: 4, on_error: 'deny', mode: 'enforce' };
+  if (addPolicyEntry(entry)) policyStatus(`Added ${name} to the config's policies: edit its settings there.`);
+  els.policyExample.value = '';
+}
+
+async function loadPolicyFile(file) {
+  if (!file) return;
+  policyStatus(`Transpiling ${file.name} with jco…`);
+  const added = await sources.addFile(file.name, await file.arrayBuffer());
+  if (added.fail) { policyStatus(added.fail, true); return; }
+  if (lastConfig && usesFile(lastConfig.policies, file.name)) {
+    policyStatus(`Loaded ${file.name}: the config's policy with that file name runs it.`);
+    runNow();
+    return;
+  }
+  const name = file.name.replace(/\.wasm$/i, '').replace(/[^A-Za-z0-9_.-]/g, '-') || 'policy';
+  if (addPolicyEntry({ name, path: `${POLICY_DIR}/${file.name}`, settings: {} })) policyStatus(`Loaded ${file.name} and added it to the config's policies.`);
+}
+
 function showBroken(errors) {
   sim = null;
+  policyRun++;
   showErrors(errors);
   els.rangesSection.hidden = true;
   els.warningsSection.hidden = true;
@@ -212,6 +344,8 @@ function renderPreview() {
 
   // The pod table: one column per range, in range order (dual-stack pairs side by side).
   const anyFail = sim.pods.some((p) => !Simulation.served(p));
+  // With policies: each pod's name, and what the policies refused it (and logged).
+  const withPolicies = sim.pods.length > 0 && sim.pods[0].refused !== undefined;
   const heads = config.ranges.map((r, i) => `Range ${i + 1}: ${r.cidr}`);
   const widths = heads.map((h) => h.length);
   let podWidth = 3;
@@ -229,7 +363,8 @@ function renderPreview() {
     let cls = 'prow';
     if (p.added) cls += ' new';
     if (!ok) cls += ' fails';
-    let row = `<div class="${cls}" role="row"><div class="pod" role="cell">${p.pod}</div>`;
+    const name = withPolicies ? ` <span class="podname">${esc(p.name)}</span>` : '';
+    let row = `<div class="${cls}" role="row"><div class="pod" role="cell">${p.pod}${name}</div>`;
     for (let i = 0; i < p.cells.length; i++) {
       const c = p.cells[i];
       if (c.ip) {
@@ -251,17 +386,30 @@ function renderPreview() {
       }
       row += `<div class="note" role="cell">${note}</div>`;
     }
+    if (withPolicies) row += policyCell(p);
     parts.push(row + '</div>');
   }
   if (n) parts.push('</div>');
   podWidth = Math.max(podWidth, String(sim.nextPod).length + 4);
+  if (withPolicies) podWidth = Math.max(podWidth, ...sim.pods.map((p) => String(p.pod).length + p.name.length + 2));
   const cols = [`calc(${podWidth}ch + 1.2rem)`, ...widths.map((w) => `calc(${w}ch + 1.2rem)`)];
-  if (anyFail) cols.push('auto');
+  // With policies the texts are long: they wrap in the width left (see .with-policies).
+  if (anyFail) cols.push(withPolicies ? 'minmax(12rem, 2fr)' : 'auto');
+  if (withPolicies) cols.push('minmax(14rem, 3fr)');
+  els.podsTable.classList.toggle('with-policies', withPolicies);
   els.podsTable.style.setProperty('--cols', cols.join(' '));
   els.podsHead.innerHTML = `<div class="prow" role="row"><div class="pod" role="columnheader">Pod</div>${heads.map((h) =>
-    `<div role="columnheader">${esc(h)}</div>`).join('')}${anyFail ? '<div role="columnheader">Result</div>' : ''}</div>`;
+    `<div role="columnheader">${esc(h)}</div>`).join('')}${anyFail ? '<div role="columnheader">Result</div>' : ''}${withPolicies ? '<div role="columnheader">Refused by policies</div>' : ''}</div>`;
   // Every row in one go.
   els.podsBody.innerHTML = parts.join('');
+}
+
+/** A pod's refusals (policy, address, reason) and the policies' log lines (ignored errors, monitor verdicts). */
+function policyCell(p) {
+  const refused = p.refused.map((r) => `<li class="refusal" data-range="${r.range}" data-address="${esc(r.address)}"><code>${esc(r.address)}</code> (range ${r.range + 1}) by <code>${esc(r.policy)}</code>: ${esc(r.reason)}</li>`);
+  const log = p.log.map((line) => `<li class="policy-log">${esc(line)}</li>`);
+  const items = [...refused, ...log];
+  return `<div class="refused" role="cell">${items.length ? `<ul>${items.join('')}</ul>` : '<span class="hint">none</span>'}</div>`;
 }
 
 // ---------------------------------------------------------------- churn
@@ -364,6 +512,14 @@ function wire() {
     input.addEventListener('keydown', (ev) => { if (ev.key === 'Enter') els.churnApply.click(); });
   }
   els.churnReset.addEventListener('click', runNow);
+  els.policyExample.addEventListener('change', () => addExamplePolicy(els.policyExample.value));
+  els.policyFile.addEventListener('change', () => {
+    loadPolicyFile(els.policyFile.files[0])
+      .catch((e) => policyStatus(`Could not load the file: ${e.message}`, true))
+      // Picking the same file again (after changing it on disk) must fire `change` again.
+      .finally(() => { els.policyFile.value = ''; });
+  });
+  for (const input of [els.podNamespace, els.podPrefix, els.podLabels]) input.addEventListener('input', schedule);
   window.addEventListener('hashchange', () => { if (location.hash !== lastHash) readHash(); });
 }
 
@@ -386,6 +542,8 @@ window.playground.ready = (async () => {
     showErrors([{ field: 'engine/engine.js', message: `The engine component is not built or failed to load (${e.message}). Build it with: bash web-playground/build.sh`, source: 'playground' }]);
     throw e;
   }
+  await sources.init();
+  els.policyExample.insertAdjacentHTML('beforeend', sources.exampleNames().map((n) => `<option value="${esc(n)}">${esc(n)}</option>`).join(''));
   try {
     const info = await (await fetch('engine/build-info.json')).json();
     els.engineInfo.textContent = `Engine: the thereabouts component (sha256 ${info.component_sha256}…, ${fmt(info.bytes)} bytes), transpiled with jco. Nothing leaves this page.`;

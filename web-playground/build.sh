@@ -4,6 +4,12 @@
 # engine component and embeds it; `thereabouts engine-component` writes those exact
 # bytes; jco (pinned in package-lock.json) transpiles them into web-playground/engine/.
 #
+# It also transpiles, with the same jco, every example policy (target/policies/*.wasm,
+# built by scripts/build-policies.sh when missing) into web-playground/policies/<name>/
+# plus policies/manifest.json, and bundles jco's own transpiler (js-component-bindgen,
+# with rolldown, pinned too) into web-playground/transpiler/ so that the page can
+# transpile a policy .wasm the user picks.
+#
 #   bash web-playground/build.sh            # debug host (fast to build)
 #   PROFILE=release bash web-playground/build.sh
 set -euo pipefail
@@ -37,3 +43,44 @@ printf '{"component_sha256": "%s", "bytes": %s}\n' "$sha" "$(stat -c %s "$tmp/en
 rm -rf "$here/engine"
 mv "$tmp/engine" "$here/engine"
 echo "playground engine: web-playground/engine/engine.js (component sha256 $sha…)"
+
+# The example policies, transpiled as the page transpiles a picked file
+# (lib/transpile-output.js holds the same options for jco's `generate`).
+policy_dir="${CARGO_TARGET_DIR:-$root/target}/policies"
+if ! compgen -G "$policy_dir/*.wasm" >/dev/null; then
+  policy_dir="$(cd "$root" && bash scripts/build-policies.sh -q)"
+fi
+mkdir -p "$tmp/policies"
+for wasm in "$policy_dir"/*.wasm; do
+  node_modules/.bin/jco transpile "$wasm" -o "$tmp/policies/$(basename "$wasm" .wasm)" --name policy --instantiation async --no-typescript --quiet
+done
+# The manifest: which examples there are and which files each is made of.
+node --input-type=module - "$tmp/policies" "$policy_dir" <<'JS'
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+const [out, from] = process.argv.slice(2);
+const policies = readdirSync(out).sort().map((name) => ({
+  name,
+  file: `${name}.wasm`,
+  dir: name,
+  js: 'policy.js',
+  cores: readdirSync(`${out}/${name}`).filter((f) => f.endsWith('.wasm')).sort(),
+  sha256: createHash('sha256').update(readFileSync(`${from}/${name}.wasm`)).digest('hex').slice(0, 12),
+}));
+writeFileSync(`${out}/manifest.json`, JSON.stringify({ policies }, null, 1) + '\n');
+JS
+rm -rf "$here/policies"
+mv "$tmp/policies" "$here/policies"
+echo "playground policies: web-playground/policies/ (from $policy_dir)"
+
+# jco's transpiler for the browser: its browser build imports WASI shims by
+# bare name, which a page cannot resolve, hence one bundle; its core modules
+# are fetched next to it.
+bindgen="node_modules/@bytecodealliance/jco-transpile/vendor"
+mkdir -p "$tmp/transpiler"
+node_modules/.bin/rolldown lib/transpiler-entry.js --platform browser --format esm --no-codeSplitting \
+  --external node:fs/promises --file "$tmp/transpiler/transpiler.js" --logLevel silent >/dev/null
+cp "$bindgen"/js-component-bindgen-component.core*.wasm "$tmp/transpiler/"
+rm -rf "$here/transpiler"
+mv "$tmp/transpiler" "$here/transpiler"
+echo "playground transpiler: web-playground/transpiler/transpiler.js"

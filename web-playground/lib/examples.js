@@ -88,3 +88,15 @@ export const BIG = json({
     ipRanges: [{ range: '198.18.0.0/16' }, { range: '2001:db8:ffff::/64' }],
   },
 });
+
+/**
+ * Settings the "Add an example policy" picker starts each example policy with
+ * (documented in docs/policies.md; edit them in the config). Addresses from
+ * the documentation ranges, matching the examples above.
+ */
+export const POLICY_SETTINGS = {
+  'keep-addresses': { deny: ['192.0.2.2', '192.0.2.4/31'], only_even: false },
+  'sticky-ordinal': { base: 0, statefulsets: ['web'] },
+  'namespace-ranges': { namespaces: { 'team-a': [0] }, labels: [{ key: 'tier', value: 'db', ranges: [1] }], default: [0, 1] },
+  'hostile-fixtures': { hook: 'pick-address', do: 'loop' },
+};

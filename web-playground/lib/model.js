@@ -159,9 +159,7 @@ export class Simulation {
         // The simulated pools are the whole cluster: the engine reserves in each
         // range what the other pools hold (with enable_overlapping_ranges).
         const outcomes = this.engine.planAll(this.config, Simulation.lower(pools), 'from-pools', req);
-        // Each outcome names its range; a range not served (first_available) gives nothing.
-        cells = this.config.ranges.map(() => ({ none: true }));
-        for (const o of outcomes) cells[(o.tag === 'reuse' ? o.val.assignment : o.val).rangeIndex] = cellOf(o);
+        cells = cellsOf(this.config, outcomes);
         this.hold(pools, cells);
       } catch (e) {
         // plan-all fails as a whole when one range cannot be served: the plugin
@@ -177,6 +175,13 @@ export class Simulation {
     this.log.push({ deleted, missing, added });
     return { deleted, missing, added };
   }
+}
+
+/** A served pod's cells from plan-all's outcomes: each names its range; a range not served (first_available) gives nothing. */
+export function cellsOf(config, outcomes) {
+  const cells = config.ranges.map(() => ({ none: true }));
+  for (const o of outcomes) cells[(o.tag === 'reuse' ? o.val.assignment : o.val).rangeIndex] = cellOf(o);
+  return cells;
 }
 
 function cellOf(outcome) {

@@ -3,7 +3,7 @@
 // PLAYGROUND_URL (and THEREABOUTS_BIN for the parity test).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, mkdirSync, copyFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, mkdirSync, copyFileSync, writeFileSync, readFileSync } from 'node:fs';
 import { tmpdir, loadavg, cpus } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -359,6 +359,231 @@ test('parity: the page shows the addresses `thereabouts preview --output json` p
     });
   }
   await page.close();
+});
+
+// ---------------------------------------------------------------- policies
+
+const POLICY_WASM = join(root, 'target/policies');
+const policyPath = (file) => `/etc/cni/net.d/thereabouts.d/policies/${file}`;
+const withPolicies = (ipam, policies) => JSON.stringify({ cniVersion: '1.0.0', name: 'pol', type: 'macvlan', ipam: { type: 'whereabouts', ...ipam, policies } }, null, 2);
+
+/** Sets the pod identity, the pod count and the config; previews and waits for the policies' result. */
+async function previewWithPolicies(page, config, { pods = 4, namespace = 'default', prefix = 'pod-', labels = '' } = {}) {
+  await page.fill('#pod-namespace', namespace);
+  await page.fill('#pod-prefix', prefix);
+  await page.fill('#pod-labels', labels);
+  await page.fill('#pods', String(pods));
+  await page.evaluate(() => { window.playground.policyPreview = null; });
+  await page.fill('#config', config);
+  await page.click('#run');
+  await page.waitForFunction(() => window.playground.policyPreview && document.querySelector('#preview-section').dataset.policies === 'done', null, { timeout: 60000 });
+  return page.evaluate(() => window.playground.policyPreview);
+}
+
+test('policies: keep-addresses, added from the example picker, refuses its deny list with reasons', async () => {
+  const page = await open();
+  await pickExample(page, 'two-ipv4');
+  await page.fill('#pods', '4');
+  await page.selectOption('#policy-example', 'keep-addresses');
+  await page.waitForFunction(() => document.querySelector('#preview-section').dataset.policies === 'done' && window.playground.policyPreview, null, { timeout: 60000 });
+  const config = JSON.parse(await page.inputValue('#config'));
+  assert.deepEqual(config.ipam.policies.map((p) => [p.name, p.path, p.settings.deny]), [['keep-addresses', policyPath('keep-addresses.wasm'), ['192.0.2.2', '192.0.2.4/31']]]);
+  const { pods } = await page.evaluate(() => window.playground.policyPreview);
+  // 192.0.2.1 and .8/30 are the config's excludes; .2, .4 and .5 the policy's.
+  assert.deepEqual(pods.map((p) => p.addresses), [
+    ['192.0.2.3/27', '198.51.100.10/24'], ['192.0.2.6/27', '198.51.100.11/24'], ['192.0.2.7/27', '198.51.100.12/24'], ['192.0.2.12/27', '198.51.100.13/24'],
+  ]);
+  assert.deepEqual(pods[0].refused.map((r) => [r.range, r.address, r.policy, r.reason]), [
+    [0, '192.0.2.2', 'keep-addresses', 'deny-listed by settings'], [0, '192.0.2.4', 'keep-addresses', 'deny-listed by settings'], [0, '192.0.2.5', 'keep-addresses', 'deny-listed by settings'],
+  ]);
+  // The table shows them, on the pod's row.
+  const shown = await page.$$eval('#pods-table .pbody .prow', (trs) => trs.map((tr) => tr.querySelector('.refused').textContent));
+  assert.match(shown[0], /192\.0\.2\.2 \(range 1\) by keep-addresses: deny-listed by settings/);
+  assert.equal((await rows(page))[0][0], '1 default/pod-0');
+  assert.match(await page.textContent('#policy-list'), /keep-addresses: keep-addresses\.wasm \(example policy\) · enforce · on_error deny · timeout_ms 10 \(the page waits 500 ms\) · memory_mib 4/);
+  assert.equal(await page.isHidden('#churn-box'), true, 'churn does not run policies');
+  assert.deepEqual(page.problems, []);
+  await page.close();
+});
+
+test('policies: sticky-ordinal gives web-N its address; namespace-ranges by namespace and label', async () => {
+  const page = await open();
+  const ranges = { ipRanges: [{ range: '192.0.2.0/24' }, { range: '2001:db8::/64' }] };
+  const sticky = await previewWithPolicies(page, withPolicies(ranges, [{ name: 'sticky', path: policyPath('sticky-ordinal.wasm'), settings: { base: 20, statefulsets: ['web'] } }]), { pods: 3, prefix: 'web-' });
+  assert.deepEqual(sticky.pods.map((p) => [p.name, ...p.addresses]), [
+    ['default/web-0', '192.0.2.21/24', '2001:db8::15/64'], ['default/web-1', '192.0.2.22/24', '2001:db8::16/64'], ['default/web-2', '192.0.2.23/24', '2001:db8::17/64'],
+  ]);
+  // The link keeps the pods' identity.
+  const link = page.url();
+  assert.match(link, /&prefix=web-&/);
+  const page2 = await open(link.slice(link.indexOf('#')));
+  await page2.waitForSelector('#preview-section[data-policies="done"]', { timeout: 60000 });
+  assert.deepEqual(await page2.evaluate(() => window.playground.policyPreview), sticky);
+  await page2.close();
+  // Not a pod of the StatefulSet: the built-in choice.
+  const other = await previewWithPolicies(page, withPolicies(ranges, [{ name: 'sticky', path: policyPath('sticky-ordinal.wasm'), settings: { base: 20, statefulsets: ['web'] } }]), { pods: 1, prefix: 'db-' });
+  assert.deepEqual(other.pods[0].addresses, ['192.0.2.1/24', '2001:db8::1/64']);
+
+  const ns = withPolicies({ ipRanges: [{ range: '192.0.2.0/24' }, { range: '198.51.100.0/24' }] },
+    [{ name: 'zones', path: policyPath('namespace-ranges.wasm'), settings: { namespaces: { 'team-a': [1] }, labels: [{ key: 'tier', value: 'db', ranges: [0] }], default: [] } }]);
+  const teamA = await previewWithPolicies(page, ns, { pods: 2, namespace: 'team-a' });
+  assert.deepEqual(teamA.pods.map((p) => [p.name, ...p.addresses]), [['team-a/pod-0', null, '198.51.100.1/24'], ['team-a/pod-1', null, '198.51.100.2/24']]);
+  const db = await previewWithPolicies(page, ns, { pods: 1, namespace: 'team-a', labels: 'tier=db, app=x' });
+  assert.deepEqual(db.pods[0].addresses, ['192.0.2.1/24', null]);
+  const nobody = await previewWithPolicies(page, ns, { pods: 2, namespace: 'elsewhere' });
+  assert.deepEqual(nobody.pods.map((p) => p.failure), Array(2).fill('policy "zones" refused the attachment: namespace-ranges: default gives this pod no range'));
+  assert.match((await rows(page))[0][3], /^ADD fails: policy "zones" refused the attachment/);
+  assert.deepEqual(page.problems, []);
+  await page.close();
+});
+
+test('policies: a .wasm picked from disk is transpiled in the page and runs', async () => {
+  const page = await open();
+  await pickExample(page, 'two-ipv4');
+  await page.setInputFiles('#policy-file', { name: 'my-keep.wasm', mimeType: 'application/wasm', buffer: readFileSync(join(POLICY_WASM, 'keep-addresses.wasm')) });
+  await page.waitForFunction(() => /Loaded my-keep\.wasm and added it/.test(document.querySelector('#policy-status').textContent), null, { timeout: 60000 });
+  const config = JSON.parse(await page.inputValue('#config'));
+  assert.deepEqual(config.ipam.policies, [{ name: 'my-keep', path: policyPath('my-keep.wasm'), settings: {} }]);
+  assert.match(await page.textContent('#policy-list'), /my-keep\.wasm \(loaded from disk\)/);
+  config.ipam.policies[0].settings = { deny: ['198.51.100.10'] };
+  const { pods } = await previewWithPolicies(page, JSON.stringify(config), { pods: 2 });
+  assert.deepEqual(pods.map((p) => p.addresses[1]), ['198.51.100.11/24', '198.51.100.12/24']);
+  assert.deepEqual(pods[0].refused, [{ range: 1, address: '198.51.100.10', policy: 'my-keep', reason: 'deny-listed by settings' }]);
+  // Not a component: the transpiler says so, nothing else changes.
+  await page.setInputFiles('#policy-file', { name: 'junk.wasm', mimeType: 'application/wasm', buffer: Buffer.from('not wasm at all') });
+  await page.waitForFunction(() => /^junk\.wasm cannot be transpiled: /.test(document.querySelector('#policy-status').textContent), null, { timeout: 60000 });
+  assert.equal(JSON.parse(await page.inputValue('#config')).ipam.policies.length, 1);
+  assert.deepEqual(page.problems, []);
+  await page.close();
+});
+
+const hostile = (hook, action, extra = {}) => ({ name: 'hostile', path: policyPath('hostile-fixtures.wasm'), settings: { hook, do: action }, ...extra });
+const oneRange = { range: '192.0.2.0/24' };
+
+test('policies: a policy that loops is stopped at its deadline; the page stays responsive', async () => {
+  const page = await open();
+  const timeoutMs = 1000;
+  const pods = 2;
+  await page.fill('#pods', String(pods));
+  await page.fill('#config', withPolicies(oneRange, [hostile('pick-address', 'loop', { timeout_ms: timeoutMs })]));
+  const started = Date.now();
+  await page.click('#run');
+  await page.waitForSelector('#preview-section[data-policies="running"]');
+  // While the policy spins in its worker, the page answers and reacts.
+  const probes = [];
+  for (let i = 0; i < 5; i++) {
+    const t = Date.now();
+    assert.equal(await page.evaluate(() => 6 * 7), 42);
+    probes.push(Date.now() - t);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  await page.click('#share');
+  await page.waitForFunction(() => document.querySelector('#share-status').textContent !== '', null, { timeout: 2000 });
+  assert.equal(await page.getAttribute('#preview-section', 'data-policies'), 'running', 'the loop is still being waited for');
+  assert.ok(Math.max(...probes) < 500, `page answered in ${probes.join(', ')} ms`);
+  await page.waitForSelector('#preview-section[data-policies="done"]', { timeout: pods * timeoutMs + 10000 });
+  const elapsed = Date.now() - started;
+  const { pods: result } = await page.evaluate(() => window.playground.policyPreview);
+  assert.deepEqual(result.map((p) => p.failure), Array(pods).fill(`policy "hostile", pick-address: timed out after ${timeoutMs} ms`));
+  // Each pod waited for one deadline, plus a new worker.
+  assert.ok(elapsed >= pods * timeoutMs && elapsed < pods * timeoutMs + 6000, `took ${elapsed} ms`);
+  // The next preview gets a fresh worker and runs normally.
+  const after = await previewWithPolicies(page, withPolicies(oneRange, [hostile('pick-address', 'loop', { timeout_ms: 50, on_error: 'ignore' })]), { pods: 1 });
+  assert.deepEqual(after.pods[0].addresses, ['192.0.2.1/24']);
+  assert.match(after.pods[0].failure ?? '', /^$/);
+  assert.match(await page.textContent('#pods-table .pbody .refused'), /timed out after 500 ms \(the playground's floor; timeout_ms is 50\); ignored \(on_error: ignore\)/);
+  assert.deepEqual(page.problems, []);
+  await page.close();
+});
+
+test('policies: a trap, a memory bomb and deep recursion are reported as policy errors', async () => {
+  const page = await open();
+  // A generous deadline: these are about what is reported, not how fast (the loop test is).
+  const failureOf = async (p) => (await previewWithPolicies(page, withPolicies(oneRange, [{ timeout_ms: 1000, ...p }]), { pods: 1 })).pods[0].failure;
+  assert.match(await failureOf(hostile('pick-address', 'trap')), /^policy "hostile", pick-address: trapped: .*unreachable/);
+  assert.equal(await failureOf(hostile('pick-address', 'memory-bomb')), 'policy "hostile", pick-address: went over its memory limit of 4 MiB');
+  assert.equal(await failureOf(hostile('select-ranges', 'memory-bomb', { memory_mib: 16 })), 'policy "hostile", select-ranges: went over its memory limit of 16 MiB');
+  assert.equal(await failureOf(hostile('select-ranges', 'recursion')), 'policy "hostile", select-ranges: overflowed its stack');
+  assert.equal(await failureOf(hostile('validate-settings', 'huge-output', { memory_mib: 64 })), 'policy "hostile", validate-settings: gave a bad answer: a text of 16777216 bytes, more than 1024');
+  assert.equal(await failureOf(hostile('pick-address', 'huge-output', { memory_mib: 64 })), 'policy "hostile", pick-address: gave a bad answer: 1000000 preferred addresses, more than 256');
+  assert.equal(await failureOf(hostile('validate-settings', 'reject-settings')), 'policy "hostile", validate-settings: rejected its settings: hostile-fixtures: settings rejected on purpose');
+  // monitor: it runs and is logged, the built-in choice decides.
+  const monitored = await previewWithPolicies(page, withPolicies(oneRange, [hostile('pick-address', 'trap', { mode: 'monitor', on_error: 'ignore' })]), { pods: 1 });
+  assert.deepEqual([monitored.pods[0].addresses, monitored.pods[0].failure], [['192.0.2.1/24'], null]);
+  assert.deepEqual(page.problems, []);
+  await page.close();
+});
+
+test('policies: a config naming a .wasm the page does not have says so', async () => {
+  const page = await open();
+  const { pods } = await previewWithPolicies(page, withPolicies(oneRange, [{ name: 'gone', path: '/opt/none.wasm' }]), { pods: 1 });
+  assert.match(pods[0].failure, /^policy "gone": \/opt\/none\.wasm: no none\.wasm in the playground/);
+  await page.close();
+});
+
+test('policies: the page shows what `thereabouts preview --output json` prints with the same policies', async (t) => {
+  const help = spawnSync(BIN, ['preview', '--help'], { encoding: 'utf8' });
+  if (!`${help.stdout}${help.stderr}`.includes('--pod-prefix')) {
+    t.skip(`${BIN} preview has no --pod-prefix yet: the CLI side of policies in preview (issue 14) is not built`);
+    return;
+  }
+  const cache = mkdtempSync(join(tmpdir(), 'thereabouts-policy-cache-'));
+  const page = await open();
+  try {
+    for (const name of ['keep-addresses', 'sticky-ordinal', 'namespace-ranges']) {
+      execFileSync(BIN, ['policy', 'compile', join(POLICY_WASM, `${name}.wasm`), '--cache', cache], { stdio: ['ignore', 'pipe', 'pipe'] });
+    }
+    const cases = [
+      {
+        id: 'keep + sticky, dual-stack', pods: 6, namespace: 'shop', prefix: 'web-', labels: [],
+        ipam: { ipRanges: [{ range: '192.0.2.0/28', exclude: ['192.0.2.1/32'] }, { range: '2001:db8::/120' }] },
+        policies: [
+          { name: 'keep', file: 'keep-addresses.wasm', settings: { deny: ['192.0.2.3', '2001:db8::2'] } },
+          { name: 'sticky', file: 'sticky-ordinal.wasm', settings: { base: 4, statefulsets: ['web'] } },
+        ],
+      },
+      {
+        id: 'namespace-ranges with a label', pods: 3, namespace: 'team-a', prefix: 'db-', labels: ['tier=db'],
+        ipam: { ipRanges: [{ range: '192.0.2.0/24' }, { range: '198.51.100.0/24' }] },
+        policies: [{ name: 'zones', file: 'namespace-ranges.wasm', settings: { labels: [{ key: 'tier', value: 'db', ranges: [1] }], default: [0] } }],
+      },
+      {
+        // Failures: a range vetoed (sticky's only address refused by keep), an attachment refused.
+        id: 'vetoes and refusals', pods: 3, namespace: 'ops', prefix: 'web-', labels: [],
+        ipam: { ipRanges: [{ range: '192.0.2.0/28' }] },
+        policies: [
+          { name: 'keep', file: 'keep-addresses.wasm', settings: { deny: ['192.0.2.9'] } },
+          { name: 'sticky', file: 'sticky-ordinal.wasm', settings: { addresses: { 'web-1': ['192.0.2.9'] } } },
+          { name: 'zones', file: 'namespace-ranges.wasm', settings: { namespaces: { ops: [0] }, labels: [], default: [] } },
+        ],
+      },
+    ];
+    cases.push({ ...cases.at(-1), id: 'an attachment refused', namespace: 'elsewhere', pods: 2 });
+    for (const c of cases) {
+      await t.test(c.id, async () => {
+        // The CLI reads the built files; the page matches `path` by file name.
+        const cliConfig = withPolicies(c.ipam, c.policies.map(({ name, file, settings }) => ({ name, path: join(POLICY_WASM, file), settings })));
+        const dir = mkdtempSync(join(tmpdir(), 'thereabouts-policy-parity-'));
+        let cli;
+        try {
+          writeFileSync(join(dir, 'config.json'), cliConfig);
+          const args = ['preview', '--config', join(dir, 'config.json'), '--pods', String(c.pods), '--output', 'json', '--namespace', c.namespace, '--pod-prefix', c.prefix, ...c.labels.flatMap((l) => ['--label', l])];
+          cli = JSON.parse(execFileSync(BIN, args, { encoding: 'utf8', env: { ...process.env, THEREABOUTS_POLICY_CACHE: cache }, stdio: ['ignore', 'pipe', 'pipe'] }));
+        } finally {
+          rmSync(dir, { recursive: true, force: true });
+        }
+        const shown = await previewWithPolicies(page, cliConfig, { pods: c.pods, namespace: c.namespace, prefix: c.prefix, labels: c.labels.join(', ') });
+        assert.equal(cli.pods.length, c.pods);
+        for (let i = 0; i < c.pods; i++) {
+          const { pod, name, addresses, refused, failure } = cli.pods[i];
+          assert.deepEqual(shown.pods[i], { pod, name, addresses, refused, failure: failure ?? null }, `${c.id}: pod ${i + 1}`);
+        }
+      });
+    }
+  } finally {
+    await page.close();
+    rmSync(cache, { recursive: true, force: true });
+  }
 });
 
 // ---------------------------------------------------------------- performance (printed, not asserted)
