@@ -9,9 +9,20 @@
 # 3. Writes thereabouts.d/thereabouts.kubeconfig from this pod's ServiceAccount:
 #    token, cluster CA, KUBERNETES_SERVICE_HOST/PORT, and the namespace that
 #    holds the IPPools (the context namespace is where the plugin keeps them).
-# 4. Unless --once: checks again every RESYNC_SECONDS and rewrites whatever
+# 4. Policies (optional, docs/policies.md): each POLICY_DIR/*.wasm (from the
+#    ConfigMap `thereabouts-policies`, or the image) is precompiled with the
+#    policy compiler shipped beside the plugin into the host's policy cache
+#    (/var/lib/thereabouts/policies, root-owned: the plugin loads nothing else),
+#    then installed as thereabouts.d/policies/NAME.wasm in the CNI conf dir: a
+#    network config's policy `path` names /etc/cni/net.d/thereabouts.d/policies/NAME.wasm.
+#    Compiled first, so the file a config names always has its artifact; and
+#    before the plugin, so a new plugin (another compatibility key) finds its
+#    artifacts in place. Artifacts are named by the .wasm's SHA-256 and the
+#    plugin's key: one that exists is not compiled again. Without POLICY_DIR
+#    or *.wasm in it, this step does nothing.
+# 5. Unless --once: checks again every RESYNC_SECONDS and rewrites whatever
 #    changed (the kubelet rotates the projected token; a file removed on the
-#    host comes back), until SIGTERM/SIGINT.
+#    host comes back; a changed policy is compiled), until SIGTERM/SIGINT.
 #
 # Every write goes to a temporary file in the destination directory, then is
 # renamed over the target, so the plugin (which may run at any moment) sees the
@@ -38,6 +49,12 @@
 #                            (searched before thereabouts.d, see deploy/README.md)
 #                                                                        [false]
 #   RESYNC_SECONDS           seconds between checks in the loop            [30]
+#   POLICY_DIR               policies to install (*.wasm)  [/opt/thereabouts/policies]
+#   POLICY_COMPILER          the policy compiler, beside the plugin in the image
+#                            [/opt/thereabouts/thereabouts-policy-compiler]
+#   POLICY_CACHE_DIR         the host's policy cache, as mounted here (the plugin's
+#                            /var/lib/thereabouts/policies; must belong to root)
+#                                             [/host/var/lib/thereabouts/policies]
 #
 # Exit status: 0 after --once or on SIGTERM/SIGINT; 1 on a usage or install
 # error (in the loop, a failed check is logged and retried instead).
@@ -54,6 +71,9 @@ KUBERNETES_SERVICE_HOST=${KUBERNETES_SERVICE_HOST:-}
 KUBERNETES_SERVICE_PORT=${KUBERNETES_SERVICE_PORT:-443}
 INSTALL_AS_WHEREABOUTS=${INSTALL_AS_WHEREABOUTS:-false}
 RESYNC_SECONDS=${RESYNC_SECONDS:-30}
+POLICY_DIR=${POLICY_DIR:-/opt/thereabouts/policies}
+POLICY_COMPILER=${POLICY_COMPILER:-/opt/thereabouts/thereabouts-policy-compiler}
+POLICY_CACHE_DIR=${POLICY_CACHE_DIR:-/host/var/lib/thereabouts/policies}
 
 # Temporary file being written, removed if we stop half-way.
 pending=
@@ -231,6 +251,77 @@ write_flat_file() {
 EOF
 }
 
+# make_dir DIR: DIR (and its parents) created if absent, mode 0755.
+make_dir() {
+  (umask 022 && mkdir -p "$1") || die "could not create $1"
+  chmod 0755 "$1" || die "chmod 0755 $1 failed"
+}
+
+# sha256_of FILE: the hex SHA-256 of FILE's content (what artifacts are named by).
+sha256_of() {
+  sum=$(sha256sum <"$1") || die "could not hash $1"
+  sum=${sum%% *}
+  case $sum in
+    *[!0-9a-f]*) die "sha256sum gave '$sum' for $1" ;;
+  esac
+  [ ${#sum} -eq 64 ] || die "sha256sum gave '$sum' for $1"
+  printf '%s' "$sum"
+}
+
+# install_policy SRC KEY: SRC compiled into POLICY_CACHE_DIR (unless its
+# artifact, SHA-256-KEY.cwasm, is there already), then installed as
+# thereabouts.d/policies/NAME.wasm. The copy is what gets compiled and renamed
+# into place, so the installed bytes are the compiled ones even if SRC changes
+# meanwhile (a ConfigMap update).
+install_policy() {
+  name=$(basename "$1")
+  case $name in
+    .* | *[!A-Za-z0-9._-]*) die "policy file name '$name' in $POLICY_DIR: only letters, digits, '.', '_' and '-', not leading '.'" ;;
+  esac
+  dest=$CNI_CONF_DIR/thereabouts.d/policies/$name
+  if [ -f "$dest" ] && cmp -s "$1" "$dest"; then
+    artifact=$POLICY_CACHE_DIR/$(sha256_of "$dest")-$2.cwasm
+    if [ -f "$artifact" ]; then
+      chmod 0644 "$dest" "$artifact" || die "chmod 0644 $dest $artifact failed"
+      return 0
+    fi
+  fi
+  pending=$(tmp_for "$dest")
+  rm -f "$pending"
+  cp "$1" "$pending" || die "could not copy $1 to $pending"
+  artifact=$POLICY_CACHE_DIR/$(sha256_of "$pending")-$2.cwasm
+  if [ -f "$artifact" ]; then
+    chmod 0644 "$artifact" || die "chmod 0644 $artifact failed"
+  else
+    # The compiler checks the component, writes the artifact (0644) to a
+    # temporary file in the cache and renames it; it prints the artifact's path.
+    out=$("$POLICY_COMPILER" compile "$pending" --cache "$POLICY_CACHE_DIR") || die "$POLICY_COMPILER could not compile $1 (above); nothing of it installed"
+    [ "$(basename "$out")" = "$(basename "$artifact")" ] || die "$POLICY_COMPILER wrote '$out', not $artifact: is it the plugin's compiler?"
+    log "compiled $1 into $artifact"
+  fi
+  commit "$pending" "$dest" 0644
+}
+
+# install_policies: every POLICY_DIR/*.wasm, compiled and installed (step 4).
+install_policies() {
+  [ -d "$POLICY_DIR" ] || return 0
+  set -- "$POLICY_DIR"/*.wasm
+  [ -e "$1" ] || return 0
+  [ -x "$POLICY_COMPILER" ] || die "policy compiler $POLICY_COMPILER not found: it ships beside the plugin, and $POLICY_DIR holds policies"
+  # The key of the plugin's engine settings: the compiler beside the plugin
+  # is built with it, and names artifacts with it.
+  key=$("$POLICY_COMPILER" compat-key) || die "$POLICY_COMPILER compat-key failed"
+  case $key in
+    '' | *[!0-9A-Za-z_-]*) die "$POLICY_COMPILER compat-key gave '$key'" ;;
+  esac
+  make_dir "$POLICY_CACHE_DIR"
+  make_dir "$CNI_CONF_DIR/thereabouts.d/policies"
+  for src in "$@"; do
+    [ -f "$src" ] || die "$src is not a file"
+    install_policy "$src" "$key"
+  done
+}
+
 install_all() {
   [ -f "$THEREABOUTS_BINARY" ] || die "plugin binary $THEREABOUTS_BINARY not found"
   for d in "$CNI_BIN_DIR" "$CNI_CONF_DIR"; do
@@ -238,6 +329,7 @@ install_all() {
   done
   mkdir -p "$CNI_CONF_DIR/thereabouts.d" || die "could not create $CNI_CONF_DIR/thereabouts.d"
 
+  install_policies
   install_binary thereabouts
   write_kubeconfig
   write_flat_file "$CNI_CONF_DIR/thereabouts.d/thereabouts.conf"

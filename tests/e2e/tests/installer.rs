@@ -3,7 +3,10 @@
 //! mount: what it installs (binary, flat file, kubeconfig), with which modes, how
 //! it writes (rename, never in place; unchanged files untouched), the IPv6 address
 //! form, the `whereabouts` switch, the token-rotation loop and SIGTERM, and the
-//! errors that must leave the installed files alone. Also shellcheck, when present.
+//! errors that must leave the installed files alone; the optional policy step
+//! (each `*.wasm` compiled into a root-owned cache, content-addressed, then
+//! installed, and the installed plugin running it through the CNI protocol).
+//! Also shellcheck, when present.
 //! (The kubeconfig against a real apiserver: tests/k8s-harness/tests/rbac.rs.)
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -13,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{Value, json};
-use thereabouts_e2e::{TempDir, thereabouts_bin, workspace_root};
+use thereabouts_e2e::{Call, Invocation, TempDir, built_policy, thereabouts_bin, thereabouts_conf, workspace_root};
 
 const TOKEN: &str = "eyJhbGciOiJSUzI1NiIsImtpZCI6IngifQ.eyJzdWIiOiJzeXN0ZW0ifQ.c2lnbmF0dXJl-_x";
 const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIBADAKBggqhkjOPQQDAjAAMB4XDTI2MDEwMTAwMDAwMFoX\n-----END CERTIFICATE-----\n";
@@ -41,6 +44,7 @@ impl Node {
         std::fs::write(sa.join("namespace"), "cni-system").unwrap();
         dir.sub("bin");
         dir.sub("net.d");
+        dir.sub("host");
         Node { dir, plugin: plugin.to_path_buf() }
     }
 
@@ -59,6 +63,10 @@ impl Node {
     fn flat_file(&self) -> PathBuf {
         self.conf().join("thereabouts.d/thereabouts.conf")
     }
+    /// The host's policy cache, as mounted (created by the installer).
+    fn cache(&self) -> PathBuf {
+        self.dir.path().join("host/var/lib/thereabouts/policies")
+    }
 
     /// The script with every path pointed into the scratch dir; `extra` env on top.
     fn command(&self, args: &[&str], extra: &[(&str, &str)]) -> Command {
@@ -74,6 +82,9 @@ impl Node {
             .env("SERVICE_ACCOUNT_DIR", self.sa())
             .env("KUBERNETES_SERVICE_HOST", "192.0.2.1")
             .env("KUBERNETES_SERVICE_PORT", "443")
+            // No policies unless a test gives some; never the real host paths.
+            .env("POLICY_DIR", self.dir.path().join("no-policies"))
+            .env("POLICY_CACHE_DIR", self.cache())
             .stdin(Stdio::null());
         for (k, v) in extra {
             c.env(k, v);
@@ -118,6 +129,7 @@ impl Node {
         let mut out = Vec::new();
         walk(&self.bin(), &mut out);
         walk(&self.conf(), &mut out);
+        walk(&self.dir.path().join("host"), &mut out);
         out
     }
 }
@@ -367,4 +379,113 @@ fn shellcheck_is_clean() {
         return;
     };
     assert!(out.status.success(), "shellcheck:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+/// The policy compiler the image ships beside the plugin (scripts/build-plugin.sh).
+fn policy_compiler() -> PathBuf {
+    let compiler = thereabouts_bin().with_file_name("thereabouts-policy-compiler");
+    assert!(compiler.is_file(), "{} not found: run `bash scripts/build-plugin.sh`", compiler.display());
+    compiler
+}
+
+fn sha256_hex(file: &Path) -> String {
+    let out = Command::new("sha256sum").arg(file).output().expect("sha256sum");
+    String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_string()
+}
+
+/// Every file of `dir` by name.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn policies_are_compiled_into_the_hosts_cache_and_the_installed_plugin_runs_them() {
+    let node = Node::new("installer-policies");
+    let source = node.dir.sub("policies");
+    std::fs::copy(built_policy("sticky-ordinal"), source.join("sticky-ordinal.wasm")).unwrap();
+    std::fs::write(source.join("README"), "not a policy: ignored").unwrap();
+    let compiler = policy_compiler();
+    let conf_dir = node.conf();
+    // The host paths as the plugin sees them are the mounted ones here.
+    let env = [("POLICY_DIR", source.to_str().unwrap()), ("POLICY_COMPILER", compiler.to_str().unwrap()), ("HOST_CNI_CONF_DIR", conf_dir.to_str().unwrap())];
+    let log = node.once(&env);
+    let policies = node.conf().join("thereabouts.d/policies");
+    let installed = policies.join("sticky-ordinal.wasm");
+    assert_eq!(std::fs::read(&installed).unwrap(), std::fs::read(built_policy("sticky-ordinal")).unwrap());
+    assert_eq!(names_in(&policies), ["sticky-ordinal.wasm"], "only *.wasm");
+
+    // The artifact: named by the .wasm's SHA-256 and the plugin's compatibility
+    // key, root-owned like everything above it, 0644 in a 0755 cache.
+    let key = String::from_utf8(Command::new(&compiler).arg("compat-key").output().unwrap().stdout).unwrap().trim().to_string();
+    let artifact_name = format!("{}-{key}.cwasm", sha256_hex(&installed));
+    let artifact = node.cache().join(&artifact_name);
+    assert_eq!(names_in(&node.cache()), std::slice::from_ref(&artifact_name));
+    assert!(log.contains("compiled") && log.contains(&artifact_name), "{log}");
+    let me = std::fs::metadata("/proc/self").unwrap().uid();
+    for (file, want) in
+        [(&artifact, 0o644), (&installed, 0o644), (&node.cache(), 0o755), (&policies, 0o755), (&node.cache().parent().unwrap().to_path_buf(), 0o755)]
+    {
+        assert_eq!(mode(file), want, "{}", file.display());
+        assert_eq!(std::fs::metadata(file).unwrap().uid(), me, "{}", file.display());
+    }
+
+    // The plugin as installed, the network config naming the installed file,
+    // the cache where the installer put it: an ADD through the CNI protocol,
+    // with the policy's answer (first address + base + ordinal).
+    let data = node.dir.sub("pools");
+    let mut conf = thereabouts_conf("1.0.0", "sticky", &data, None, &["192.0.2.0/24"]);
+    conf["ipam"]["policies"] = json!([{"name": "sticky", "path": installed, "settings": {"base": 10}}]);
+    let add = |pod: &str, cid: &str| {
+        let mut call = Call::pod("ADD", cid, pod);
+        call.ifname = "net1".into();
+        let out = Invocation::new(call, conf.to_string()).env("THEREABOUTS_POLICY_CACHE", node.cache().to_str().unwrap()).run(&node.bin().join("thereabouts"));
+        out.expect_ok(&format!("ADD {pod} with the installed policy"));
+        out.ips()
+    };
+    assert_eq!(add("filler", "c0"), ["192.0.2.1/24"], "no ordinal: the built-in choice");
+    assert_eq!(add("web-2", "c1"), ["192.0.2.13/24"], "the policy's choice");
+
+    // Again: the work is done, nothing is compiled or rewritten.
+    let inodes = (inode(&installed), inode(&artifact));
+    let log = node.once(&env);
+    assert!(!log.contains("compiled") && !log.contains("wrote"), "{log}");
+    assert_eq!((inode(&installed), inode(&artifact)), inodes);
+    // Wrong modes are repaired, like the other files'.
+    std::fs::set_permissions(&artifact, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(node.cache(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    node.once(&env);
+    assert_eq!((mode(&artifact), mode(&node.cache())), (0o644, 0o755));
+
+    // A second policy is compiled; a copy of it under another name is only
+    // installed (content-addressed: its artifact exists already).
+    std::fs::copy(built_policy("keep-addresses"), source.join("keep.wasm")).unwrap();
+    let log = node.once(&env);
+    assert_eq!(log.matches("compiled").count(), 1, "{log}");
+    assert!(log.contains("keep.wasm"), "{log}");
+    std::fs::copy(built_policy("keep-addresses"), source.join("keep-copy.wasm")).unwrap();
+    let log = node.once(&env);
+    assert!(!log.contains("compiled") && log.contains("keep-copy.wasm"), "{log}");
+    assert_eq!(names_in(&node.cache()).len(), 2, "{:?}", names_in(&node.cache()));
+    assert_eq!(names_in(&policies), ["keep-copy.wasm", "keep.wasm", "sticky-ordinal.wasm"]);
+
+    // A file that is no policy: exit 1 naming it, nothing of it installed or
+    // cached, no temporary file left, the rest as it was.
+    std::fs::write(source.join("broken.wasm"), "not WebAssembly").unwrap();
+    let out = node.run(&["--once"], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("broken.wasm") && stderr.contains("could not compile"), "{stderr}");
+    assert!(!policies.join("broken.wasm").exists());
+    assert_eq!(names_in(&node.cache()).len(), 2);
+    assert_eq!(node.leftovers(), Vec::<PathBuf>::new(), "temporary files left");
+    std::fs::remove_file(source.join("broken.wasm")).unwrap();
+
+    // Policies but no compiler: a clear error.
+    std::fs::remove_file(&installed).unwrap();
+    let out = node.run(&["--once"], &[env[0], ("POLICY_COMPILER", "/nonexistent/thereabouts-policy-compiler")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("policy compiler /nonexistent/thereabouts-policy-compiler not found"));
+    assert!(!installed.exists());
 }

@@ -27,6 +27,8 @@
 //! through an outage), [`report`] (failures grouped, summaries), [`etcd`] (etcd
 //! alone), and for the benchmarks [`bench`](mod@bench), [`apiserver_metrics`] and
 //! [`log_stats`]. One CNI call is run by `thereabouts_e2e::Invocation::run`.
+//! The blocking tests and benchmarks drive the async API with [`block_on`] and
+//! poll for a state with [`wait_until`].
 //!
 //! ```no_run
 //! # async fn t() -> anyhow::Result<()> {
@@ -387,6 +389,14 @@ impl Cluster {
         self.wait_plugin_allowed("get", "whereabouts.cni.cncf.io", "ippools", NAMESPACE).await
     }
 
+    /// Applies `deploy/rbac-pod-labels.yaml`, the opt-in for policies that read
+    /// a pod's labels or annotations: `get` on pods for the plugin identity.
+    /// Returns once the plugin identity may get pods in `namespace`.
+    pub async fn install_pod_labels_rbac(&self, namespace: &str) -> Result<()> {
+        self.apply_path(&deploy_dir().join("rbac-pod-labels.yaml")).await?;
+        self.wait_plugin_allowed("get", "", "pods", namespace).await
+    }
+
     /// Applies `deploy/flowcontrol.yaml`: the plugin's IPPool writes queue in a
     /// priority level of their own (API Priority and Fairness) instead of
     /// thrashing inside the apiserver. Takes effect once the apiserver's
@@ -641,17 +651,31 @@ pub(crate) async fn get_text(client: &kube::Client, path: &str) -> Result<String
 }
 
 /// Runs a future to completion on a private current-thread runtime on a scoped
-/// thread, so blocking callers work both inside and outside a tokio runtime.
-fn block_on<F>(fut: F) -> F::Output
+/// thread, so blocking callers work both inside and outside a tokio runtime
+/// (the sync tests and the benchmarks drive the async API with it). A panic
+/// of the future is raised again in the caller, with its message.
+pub fn block_on<F>(fut: F) -> F::Output
 where
     F: Future + Send,
     F::Output: Send,
 {
     std::thread::scope(|s| {
-        s.spawn(|| tokio::runtime::Builder::new_current_thread().enable_all().build().expect("building a tokio runtime").block_on(fut))
-            .join()
-            .expect("readiness thread panicked")
+        match s.spawn(|| tokio::runtime::Builder::new_current_thread().enable_all().build().expect("building a tokio runtime").block_on(fut)).join() {
+            Ok(out) => out,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     })
+}
+
+/// Polls `done` every `poll` until it answers true; panics naming `what`
+/// when that takes longer than `limit`.
+#[track_caller]
+pub fn wait_until(what: &str, limit: Duration, poll: Duration, mut done: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < end, "timed out waiting until {what}");
+        std::thread::sleep(poll);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

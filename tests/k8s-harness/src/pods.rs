@@ -1,12 +1,13 @@
 //! Pods as a kubelet and multus would leave them, on simulated nodes (no
 //! kubelet runs): a Pod object with `spec.nodeName`, its status written
 //! through the status subresource, and the `k8s.v1.cni.cncf.io/network-status`
-//! annotation listing the addresses of each attachment.
+//! annotation listing the addresses of each attachment; and labelled Pods in
+//! namespaces of their own, as policies that read a pod's labels see them.
 
 use std::net::IpAddr;
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -24,6 +25,39 @@ pub async fn create(cluster: &Cluster, name: &str, node: &str) -> Result<String>
     }))?;
     let created = pods.create(&PostParams::default(), &pod).await.with_context(|| format!("creating pod {name}"))?;
     Ok(created.metadata.uid.unwrap_or_default())
+}
+
+/// The Namespace `name`, created unless it exists.
+pub async fn namespace(cluster: &Cluster, name: &str) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(cluster.admin_client().await?);
+    if namespaces.get_opt(name).await?.is_none() {
+        let ns: Namespace = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))?;
+        namespaces.create(&PostParams::default(), &ns).await.with_context(|| format!("creating namespace {name}"))?;
+    }
+    Ok(())
+}
+
+/// The Pod `<namespace>/<name>` with `labels`, on no node (what a policy reads
+/// of it is its metadata); answers its UID.
+pub async fn create_labelled(cluster: &Cluster, namespace: &str, name: &str, labels: &[(&str, &str)]) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(cluster.admin_client().await?, namespace);
+    let labels: serde_json::Map<String, Value> = labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]},
+    }))?;
+    let created = pods.create(&PostParams::default(), &pod).await.with_context(|| format!("creating pod {namespace}/{name}"))?;
+    Ok(created.metadata.uid.unwrap_or_default())
+}
+
+/// Sets the labels `labels` on Pod `<namespace>/<name>` (a merge patch: others stay).
+pub async fn label(cluster: &Cluster, namespace: &str, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(cluster.admin_client().await?, namespace);
+    let labels: serde_json::Map<String, Value> = labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+    let patch = json!({"metadata": {"labels": labels}});
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.with_context(|| format!("labelling pod {namespace}/{name}"))?;
+    Ok(())
 }
 
 /// The status a kubelet writes: `Running` with its container running,

@@ -27,16 +27,12 @@ use thereabouts_k8s_harness::burst::{pods, pods_of, run_concurrently};
 use thereabouts_k8s_harness::held::{check_held, pool_entries, reservations_in, reserves_in};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS, kubeconfig_variant, kubernetes_conf};
 use thereabouts_k8s_harness::whereabouts::{self, Peer};
-use thereabouts_k8s_harness::{Cluster, NAMESPACE};
+use thereabouts_k8s_harness::{Cluster, NAMESPACE, block_on};
 
 const GROUP: &str = "whereabouts.cni.cncf.io";
 
 fn shared() -> Arc<Cluster> {
     Cluster::shared().expect("starting the shared control plane")
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
 
 /// A network config on `cluster` with the plugin identity, as stdin.

@@ -10,23 +10,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, result_ips, thereabouts_bin};
-use thereabouts_k8s_harness::Cluster;
 use thereabouts_k8s_harness::addresses::contains;
 use thereabouts_k8s_harness::burst::run_concurrently;
 use thereabouts_k8s_harness::controller::{self, Controller};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS, kubernetes_conf};
+use thereabouts_k8s_harness::{Cluster, block_on, wait_until};
 
 const V4: &str = "192.0.2.0/24";
 const V6: &str = "2001:db8::/64";
 use thereabouts_k8s_harness::controller::NODE_SLICE_POOLS as SLICE_POOLS;
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-}
 
 /// Dual-stack, IPv4 in /28 slices with two excluded blocks, IPv6 in /76 slices.
 fn sliced_conf(cluster: &Cluster, network_name: &str, v4: &str) -> Value {
@@ -39,14 +35,6 @@ fn sliced_conf(cluster: &Cluster, network_name: &str, v4: &str) -> Value {
 
 fn on_node(command: &str, conf: &Value, node: &str, pod: &str) -> Invocation {
     Invocation::new(Call::pod(command, &format!("cid-{pod}"), pod), conf.to_string()).env("NODENAME", node)
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < end, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// node → slices held, from the NodeSlicePool `name` (empty when absent).
@@ -80,7 +68,7 @@ fn each_node_allocates_from_its_own_slices_in_both_families_and_claims_another_w
     block_on(controller::create_nad(&cluster, "blue", &conf)).unwrap();
     let _controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
     let (v4_pool, v6_pool) = ("blue", "blue-2001-db8---64");
-    wait_until("both nodes hold a slice of each range", Duration::from_secs(30), || {
+    wait_until("both nodes hold a slice of each range", Duration::from_secs(30), Duration::from_millis(200), || {
         every_node_holds_one(&objects, v4_pool, &["node-a", "node-b"]) && every_node_holds_one(&objects, v6_pool, &["node-a", "node-b"])
     });
 
@@ -116,7 +104,7 @@ fn each_node_allocates_from_its_own_slices_in_both_families_and_claims_another_w
     let refused = on_node("ADD", &unknown, "node-a", "u0").run(&thereabouts_bin());
     assert!(refused.stdout.contains("\"code\": 11") && refused.stdout.contains("NodeSlicePool"), "{}", refused.stdout);
     on_node("DEL", &unknown, "node-a", "u0").run(&thereabouts_bin()).expect_ok("DEL without a NodeSlicePool");
-    wait_until("node-a is back to one slice and none is cooling", Duration::from_secs(30), || {
+    wait_until("node-a is back to one slice and none is cooling", Duration::from_secs(30), Duration::from_millis(200), || {
         let pool = objects.get(SLICE_POOLS, v4_pool).unwrap().unwrap();
         every_node_holds_one(&objects, v4_pool, &["node-a", "node-b"]) && pool["metadata"]["annotations"].get("thereabouts.io/cooling-slices").is_none()
     });
@@ -145,7 +133,7 @@ fn the_controller_follows_nodes_and_nads_survives_a_kill_and_waits_with_a_range_
         }
     }
     let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    wait_until("every node holds exactly one slice", Duration::from_secs(60), || every_node_holds_one(&objects, "green", &names));
+    wait_until("every node holds exactly one slice", Duration::from_secs(60), Duration::from_millis(200), || every_node_holds_one(&objects, "green", &names));
     let layout = objects.get(SLICE_POOLS, "green").unwrap().unwrap();
     assert_eq!(layout["spec"]["range"], V4, "the oldest NAD's range");
     std::thread::sleep(Duration::from_secs(3));
@@ -155,7 +143,7 @@ fn the_controller_follows_nodes_and_nads_survives_a_kill_and_waits_with_a_range_
     // A pod on node-7, then node-6 leaves: its empty slice goes back; node-7's stays.
     on_node("ADD", &conf, "node-7", "p7").run(&thereabouts_bin()).expect_ok("ADD on node-7");
     block_on(controller::remove_node(&cluster, "node-6")).unwrap();
-    wait_until("node-6's slice is handed back", Duration::from_secs(30), || !holders(&objects, "green").contains_key("node-6"));
+    wait_until("node-6's slice is handed back", Duration::from_secs(30), Duration::from_millis(200), || !holders(&objects, "green").contains_key("node-6"));
 
     // A range change waits while node-7's pod holds its old slice, then lays out again.
     for nad in ["green", "green-copy", "green-other"] {
@@ -166,7 +154,7 @@ fn the_controller_follows_nodes_and_nads_survives_a_kill_and_waits_with_a_range_
     assert_eq!(waiting["spec"]["range"], V4, "not re-laid-out while a slice holds allocations");
     assert!(holders(&objects, "green").contains_key("node-7"));
     on_node("DEL", &conf, "node-7", "p7").run(&thereabouts_bin()).expect_ok("DEL on node-7");
-    wait_until("the new range is laid out for every node", Duration::from_secs(60), || {
+    wait_until("the new range is laid out for every node", Duration::from_secs(60), Duration::from_millis(200), || {
         let pool = objects.get(SLICE_POOLS, "green").unwrap().unwrap();
         let live: Vec<&str> = names.iter().copied().filter(|n| *n != "node-6").collect();
         pool["spec"]["range"] == "198.51.100.0/24" && every_node_holds_one(&objects, "green", &live)
@@ -202,7 +190,9 @@ fn a_cluster_on_whereabouts_node_slices_keeps_its_layout_and_allocations() {
         .stderr(log)
         .spawn()
         .unwrap();
-    wait_until("whereabouts laid the slices out", Duration::from_secs(60), || every_node_holds_one(&objects, "compat", &["node-a", "node-b"]));
+    wait_until("whereabouts laid the slices out", Duration::from_secs(60), Duration::from_millis(200), || {
+        every_node_holds_one(&objects, "compat", &["node-a", "node-b"])
+    });
     let wb_add = |pod: &str| on_node("ADD", &theirs, "node-a", pod).run(&wb.plugin);
     let old: Vec<IpAddr> = ["w0", "w1"].iter().map(|p| ips_of(wb_add(p).expect_ok("whereabouts ADD"))[0]).collect();
 

@@ -14,13 +14,9 @@ use thereabouts_e2e::{Call, Outcome, TempDir};
 use thereabouts_k8s_harness::log_stats::with_debug_log;
 use thereabouts_k8s_harness::peers::{self, WhereaboutsInstall};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS};
-use thereabouts_k8s_harness::{Cluster, LatencyProxy};
+use thereabouts_k8s_harness::{Cluster, LatencyProxy, block_on};
 
 const RANGES: [&str; 2] = ["192.0.2.0/28", "2001:db8::/124"];
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-}
 
 /// The control plane the tests share, with whereabouts' CRDs and RBAC installed.
 fn shared() -> Arc<(Cluster, WhereaboutsInstall)> {

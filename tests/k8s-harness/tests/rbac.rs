@@ -11,11 +11,17 @@
 //!   create, list, watch, patch and delete in kube-system.
 //!   The kubeconfig written by `deploy/install-cni.sh` from the plugin's token and
 //!   the cluster CA authenticates against the apiserver and lands in kube-system.
+//! * `rbac_pod_labels_yaml_grants_get_on_pods_and_nothing_more`: the opt-in
+//!   `rbac-pod-labels.yaml` (for policies that read a pod's labels or
+//!   annotations) adds exactly `get` on pods, in every namespace: listing,
+//!   watching and changing pods, their subresources (status, log) and
+//!   everything `rbac.yaml` refuses stay refused. (That a label policy's ADD
+//!   fails without it and succeeds with it: tests/policies.rs.)
 //! * `manifests_pass_strict_server_side_validation`: every object of `rbac.yaml`,
-//!   `flowcontrol.yaml` and `daemonset.yaml` is accepted by a server-side apply with strict field
-//!   validation (an unknown or misplaced field fails), the DaemonSet is stored, and
-//!   its mounts, environment and ServiceAccount agree with the installer script and
-//!   the RBAC manifest.
+//!   `rbac-pod-labels.yaml`, `flowcontrol.yaml` and `daemonset.yaml` is accepted by a
+//!   server-side apply with strict field validation (an unknown or misplaced field
+//!   fails), the DaemonSet is stored, and its mounts, environment and ServiceAccount
+//!   agree with the installer script and the RBAC manifests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -335,6 +341,18 @@ async fn manifests_pass_strict_server_side_validation() {
             assert_eq!(ns, NAMESPACE, "{kinds:?}");
         }
     }
+    // The opt-in for policies that read pods: `get` on pods and nothing else,
+    // bound to the ServiceAccount of rbac.yaml.
+    let pod_labels = strict_apply(&admin, &deploy_dir().join("rbac-pod-labels.yaml")).await;
+    let kinds: Vec<String> = pod_labels.iter().map(|o| format!("{}/{}", o.types.as_ref().unwrap().kind, o.metadata.name.as_ref().unwrap())).collect();
+    assert_eq!(kinds, ["ClusterRole/thereabouts-pod-labels", "ClusterRoleBinding/thereabouts-pod-labels"]);
+    assert_eq!(pod_labels[0].data["rules"], json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]));
+    assert_eq!(pod_labels[1].data["roleRef"], json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "thereabouts-pod-labels"}));
+    let service_account = rbac.iter().find(|o| o.types.as_ref().unwrap().kind == "ServiceAccount").unwrap();
+    assert_eq!(
+        pod_labels[1].data["subjects"],
+        json!([{"kind": "ServiceAccount", "name": service_account.metadata.name, "namespace": service_account.metadata.namespace}])
+    );
     let applied = strict_apply(&admin, &deploy_dir().join("daemonset.yaml")).await;
     assert_eq!(applied.len(), 1);
     // The flow-control objects: the schema matches the plugin's ServiceAccount
@@ -400,6 +418,69 @@ async fn manifests_pass_strict_server_side_validation() {
     assert_eq!(host_path_at(&default_of("CNI_BIN_DIR")), "/opt/cni/bin");
     assert_eq!(host_path_at(&default_of("CNI_CONF_DIR")), default_of("HOST_CNI_CONF_DIR"));
     assert_eq!(default_of("HOST_CNI_CONF_DIR"), "/etc/cni/net.d");
+    // Policies: the host's cache where the plugin looks by default, and the
+    // optional ConfigMap where the installer takes them from.
+    assert_eq!(host_path_at(&default_of("POLICY_CACHE_DIR")), "/var/lib/thereabouts/policies");
+    let policy_dir =
+        c.env.as_deref().unwrap_or_default().iter().find(|e| e.name == "POLICY_DIR").and_then(|e| e.value.clone()).unwrap_or_else(|| default_of("POLICY_DIR"));
+    let m = c.volume_mounts.as_ref().unwrap().iter().find(|m| m.mount_path == policy_dir).unwrap_or_else(|| panic!("nothing mounted at {policy_dir}"));
+    assert_eq!(m.read_only, Some(true));
+    let source = volumes.iter().find(|v| v.name == m.name).unwrap().config_map.as_ref().expect("the policies come from a ConfigMap");
+    assert_eq!((source.name.as_str(), source.optional), ("thereabouts-policies", Some(true)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_pod_labels_yaml_grants_get_on_pods_and_nothing_more() {
+    let cluster = Cluster::start().expect("starting etcd + kube-apiserver");
+    cluster.install_rbac().await.expect("applying deploy/rbac.yaml");
+    let admin = cluster.admin_client().await.unwrap();
+    let plugin = cluster.plugin_client().await.unwrap();
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "tenant-a"}})).unwrap())
+        .await
+        .expect("admin creates namespace tenant-a");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "db-1", "labels": {"tier": "db"}},
+        "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
+    }))
+    .unwrap();
+    for ns in ["default", "tenant-a"] {
+        Api::<Pod>::namespaced(admin.clone(), ns).create(&PostParams::default(), &pod).await.unwrap();
+    }
+    // rbac.yaml alone: no pod is readable.
+    forbidden("get a pod before rbac-pod-labels.yaml", Api::<Pod>::namespaced(plugin.clone(), "tenant-a").get("db-1").await);
+
+    cluster.apply_path(&deploy_dir().join("rbac-pod-labels.yaml")).await.expect("applying deploy/rbac-pod-labels.yaml");
+    for ns in ["default", "tenant-a"] {
+        cluster.wait_plugin_allowed("get", "", "pods", ns).await.unwrap();
+        let pods = Api::<Pod>::namespaced(plugin.clone(), ns);
+        let got = allowed(&format!("get a pod in {ns}"), pods.get("db-1").await);
+        assert_eq!(got.metadata.labels.unwrap()["tier"], "db");
+        forbidden(&format!("list pods in {ns}"), pods.list(&ListParams::default()).await);
+        forbidden(&format!("watch pods in {ns}"), pods.watch(&WatchParams::default(), "0").await.map(|_| ()));
+        forbidden(
+            &format!("patch a pod in {ns}"),
+            pods.patch("db-1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "web"}}}))).await,
+        );
+        forbidden(&format!("delete a pod in {ns}"), pods.delete("db-1", &DeleteParams::default()).await);
+        forbidden(&format!("create a pod in {ns}"), pods.create(&PostParams::default(), &pod).await);
+        forbidden(&format!("get a pod's status in {ns}"), pods.get_status("db-1").await);
+        forbidden(&format!("get a pod's log in {ns}"), pods.logs("db-1", &Default::default()).await);
+        forbidden(&format!("get a secret in {ns}"), Api::<Secret>::namespaced(plugin.clone(), ns).get("anything").await);
+    }
+    forbidden("list pods (all)", Api::<Pod>::all(plugin.clone()).list(&ListParams::default()).await);
+    // The same through the authorizer, cluster-wide too (None).
+    for namespace in [Some("tenant-a"), None] {
+        for (verb, resource) in
+            [("get", "pods"), ("list", "pods"), ("watch", "pods"), ("update", "pods"), ("deletecollection", "pods"), ("get", "nodes"), ("get", "secrets")]
+        {
+            let expected = verb == "get" && resource == "pods";
+            assert_eq!(may(&admin, PLUGIN_USER, verb, "", resource, namespace).await, expected, "{verb} {resource} in {namespace:?}");
+        }
+    }
+    // What rbac.yaml gave is unchanged, and no more: the pools of other namespaces stay out of reach.
+    assert!(may(&admin, PLUGIN_USER, "patch", GROUP, "ippools", Some(NAMESPACE)).await);
+    assert!(!may(&admin, PLUGIN_USER, "get", GROUP, "ippools", Some("tenant-a")).await);
 }
 
 /// Server-side apply of every object in `file` with strict field validation.

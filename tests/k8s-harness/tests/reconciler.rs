@@ -10,19 +10,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use thereabouts_e2e::{Call, Invocation, TempDir, thereabouts_bin};
-use thereabouts_k8s_harness::Cluster;
 use thereabouts_k8s_harness::LatencyProxy;
 use thereabouts_k8s_harness::controller::{self, Controller, Settings};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS, kubernetes_conf};
 use thereabouts_k8s_harness::pods;
+use thereabouts_k8s_harness::{Cluster, block_on, wait_until};
 
 const V4: &str = "192.0.2.0/24";
 const V6: &str = "2001:db8::/64";
 const POOLS: [&str; 2] = ["blue-192.0.2.0-24", "blue-2001-db8---64"];
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-}
 
 /// A cluster with the controller's identity installed and a Ready node-1.
 struct Setup {
@@ -46,7 +42,7 @@ impl Setup {
     fn controller(&self, settings: Settings) -> Controller {
         let c =
             Controller::run(&thereabouts_bin(), &self.kubeconfig, &settings, &self.tmp.path().join(format!("controller-{}.log", settings.identity))).unwrap();
-        wait_until("the controller leads", Duration::from_secs(20), || c.metric("thereabouts_leader").unwrap_or(0.0) == 1.0);
+        wait_until("the controller leads", Duration::from_secs(20), Duration::from_millis(100), || c.metric("thereabouts_leader").unwrap_or(0.0) == 1.0);
         c
     }
 
@@ -95,15 +91,7 @@ impl Setup {
     fn full_passes(&self, c: &Controller, n: f64) {
         let sample = r#"thereabouts_reconcile_passes_total{kind="full",outcome="ok"}"#;
         let start = c.metric(sample).unwrap();
-        wait_until("full passes", Duration::from_secs(30), || c.metric(sample).unwrap_or(0.0) >= start + n);
-    }
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < end, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(100));
+        wait_until("full passes", Duration::from_secs(30), Duration::from_millis(100), || c.metric(sample).unwrap_or(0.0) >= start + n);
     }
 }
 
@@ -121,7 +109,7 @@ fn a_pod_deleted_without_a_del_is_freed_within_seconds_with_an_event_and_a_metri
 
     block_on(pods::delete(&s.cluster, "gone")).unwrap();
     let deleted = Instant::now();
-    wait_until("the gone pod's entries and reservations are freed", Duration::from_secs(10), || {
+    wait_until("the gone pod's entries and reservations are freed", Duration::from_secs(10), Duration::from_millis(100), || {
         s.entries_of("gone").is_empty() && s.reservations_of("gone") == 0
     });
     eprintln!("delete to free: {} ms", deleted.elapsed().as_millis());
@@ -141,7 +129,7 @@ fn pods_deleted_while_the_controller_was_stopped_are_freed_by_its_first_pass() {
     block_on(pods::delete(&s.cluster, "p1")).unwrap();
     block_on(pods::delete(&s.cluster, "p2")).unwrap();
     let _c = s.controller(Settings::default());
-    wait_until("p1 and p2 are freed", Duration::from_secs(10), || {
+    wait_until("p1 and p2 are freed", Duration::from_secs(10), Duration::from_millis(100), || {
         s.entries_of("p1").is_empty() && s.entries_of("p2").is_empty() && s.reservations_of("p1") + s.reservations_of("p2") == 0
     });
     assert_eq!(s.entries_of("p3").len(), 2);
@@ -170,7 +158,7 @@ fn a_completed_pod_is_freed_after_its_grace_and_not_before() {
     assert_eq!(s.entries_of("job").len(), 2, "within its grace (an hour) it keeps its addresses");
     drop(c);
     let c = s.controller(Settings { completed_grace_seconds: 25, ..fast_passes() });
-    wait_until("the completed pod is freed", Duration::from_secs(10), || s.entries_of("job").is_empty());
+    wait_until("the completed pod is freed", Duration::from_secs(10), Duration::from_millis(100), || s.entries_of("job").is_empty());
     assert_eq!(s.entries_of("recent").len(), 2);
     assert_eq!(c.metric(r#"thereabouts_addresses_freed_total{reason="pod_completed"}"#).unwrap(), 2.0);
 }
@@ -187,7 +175,7 @@ fn a_pod_on_a_node_that_stopped_reporting_keeps_its_addresses() {
     }
     block_on(pods::node(&s.cluster, "node-2", false)).unwrap();
     let c = s.controller(fast_passes());
-    wait_until("the control pod on the Ready node is freed", Duration::from_secs(10), || s.entries_of("control").is_empty());
+    wait_until("the control pod on the Ready node is freed", Duration::from_secs(10), Duration::from_millis(100), || s.entries_of("control").is_empty());
     s.full_passes(&c, 2.0);
     assert_eq!((s.entries_of("lost").len(), s.reservations_of("lost")), (2, 2), "node-2 is NotReady: its pod may still run");
 }
@@ -204,7 +192,7 @@ fn a_statefulset_pod_re_created_under_its_name_keeps_its_address() {
     // Its Lease lasts long enough for a renewal and a check at that latency.
     let settings = Settings { lease_seconds: 8, ..Settings::default() };
     let c = Controller::run(&thereabouts_bin(), &slow, &settings, &s.tmp.path().join("controller.log")).unwrap();
-    wait_until("the slow controller has run its first pass", Duration::from_secs(30), || {
+    wait_until("the slow controller has run its first pass", Duration::from_secs(30), Duration::from_millis(100), || {
         c.metric(r#"thereabouts_reconcile_passes_total{kind="full",outcome="ok"}"#).unwrap_or(0.0) >= 1.0
     });
     // Deleted and re-created at once, as the StatefulSet controller does; the
@@ -213,7 +201,7 @@ fn a_statefulset_pod_re_created_under_its_name_keeps_its_address() {
     block_on(pods::create(&s.cluster, "db-0", "node-1")).unwrap();
     let ips = s.add("db-0", "cid-db-0-new");
     let sample = r#"thereabouts_reconcile_passes_total{kind="pod_delete",outcome="ok"}"#;
-    wait_until("the delete's pass ran", Duration::from_secs(20), || c.metric(sample).unwrap_or(0.0) >= 1.0);
+    wait_until("the delete's pass ran", Duration::from_secs(20), Duration::from_millis(100), || c.metric(sample).unwrap_or(0.0) >= 1.0);
     assert_eq!(s.entries_of("db-0"), ["cid-db-0-new", "cid-db-0-new"], "the re-created pod's entries stay");
     assert_eq!(s.reservations_of("db-0"), 2);
     assert_eq!(ips.len(), 2);
@@ -239,7 +227,9 @@ fn an_entry_of_a_sandbox_its_running_pod_replaced_is_freed_and_the_current_one_k
     let old = serde_json::json!({"id": "cid-web-old", "podref": "default/web", "ifname": "net1"});
     s.objects.json_patch(IPPOOLS, POOLS[0], &serde_json::json!([{"op": "add", "path": "/spec/allocations/100", "value": old}])).unwrap().unwrap();
     let c = s.controller(fast_passes());
-    wait_until("the old sandbox's entry is freed", Duration::from_secs(10), || !s.objects.allocations(POOLS[0]).unwrap().contains_key("100"));
+    wait_until("the old sandbox's entry is freed", Duration::from_secs(10), Duration::from_millis(100), || {
+        !s.objects.allocations(POOLS[0]).unwrap().contains_key("100")
+    });
     assert_eq!(s.entries_of("web"), ["cid-web", "cid-web"], "the running sandbox keeps both its addresses");
     assert_eq!(c.metric(r#"thereabouts_addresses_freed_total{reason="sandbox_replaced"}"#).unwrap(), 1.0);
 }

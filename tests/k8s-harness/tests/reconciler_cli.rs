@@ -11,18 +11,14 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, TempDir, thereabouts_bin};
-use thereabouts_k8s_harness::Cluster;
 use thereabouts_k8s_harness::controller;
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS, kubernetes_conf};
 use thereabouts_k8s_harness::pods;
+use thereabouts_k8s_harness::{Cluster, block_on};
 
 const V4: &str = "192.0.2.0/24";
 const V6: &str = "2001:db8::/64";
 const POOLS: [&str; 2] = ["blue-192.0.2.0-24", "blue-2001-db8---64"];
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-}
 
 /// A cluster with the controller's identity installed, a Ready node-1, and
 /// the network config `blue` written to a file for `--config`.

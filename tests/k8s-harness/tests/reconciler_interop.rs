@@ -9,14 +9,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::controller::{self, Controller, Settings};
 use thereabouts_k8s_harness::plugin::{Objects, RESERVATIONS};
 use thereabouts_k8s_harness::whereabouts_controllers::WhereaboutsControllers;
-use thereabouts_k8s_harness::{Cluster, peers, pods};
+use thereabouts_k8s_harness::{Cluster, block_on, peers, pods, wait_until};
 
 const V4: &str = "192.0.2.0/24";
 const V6: &str = "2001:db8::/64";
@@ -24,18 +24,6 @@ const V6: &str = "2001:db8::/64";
 // reservation's name back into `:` and so deletes the reservations of live
 // pods on named networks at every run (its bug, docs/controller.md).
 const POOLS: [&str; 2] = ["192.0.2.0-24", "2001-db8---64"];
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < end, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 /// The NAD's config, as a whereabouts user wrote it: `ipam.type` is still
 /// `whereabouts`, which the thereabouts binary serves as a drop-in.
@@ -115,7 +103,9 @@ fn whereabouts_own_controllers_beside_thereabouts_controller_keep_the_pools_cons
     // reservation deletes from hitting a new holder's reservation.
     let settings = Settings { reconcile_interval_seconds: 5, unbacked_grace_seconds: 90, ..Settings::default() };
     let ours = Controller::run(&thereabouts_bin(), &kubeconfig, &settings, &tmp.path().join("controller.log")).unwrap();
-    wait_until("thereabouts' controller leads", Duration::from_secs(20), || ours.metric("thereabouts_leader").unwrap_or(0.0) == 1.0);
+    wait_until("thereabouts' controller leads", Duration::from_secs(20), Duration::from_millis(200), || {
+        ours.metric("thereabouts_leader").unwrap_or(0.0) == 1.0
+    });
 
     away_from_the_minute(25);
     let mut live: BTreeMap<String, Vec<IpAddr>> = (0..16).map(|i| format!("old-{i}")).map(|p| (p.clone(), m.running_pod(&p))).collect();
@@ -128,14 +118,14 @@ fn whereabouts_own_controllers_beside_thereabouts_controller_keep_the_pools_cons
         let new = format!("new-{i}");
         live.insert(new.clone(), m.running_pod(&new));
     }
-    wait_until("the gone pods' entries and reservations are freed", Duration::from_secs(30), || {
+    wait_until("the gone pods' entries and reservations are freed", Duration::from_secs(30), Duration::from_millis(200), || {
         let held = m.held();
         let reservations = m.reservations();
         (0..8).all(|i| !held.contains_key(&format!("default/old-{}", 2 * i)) && !reservations.values().any(|p| p == &format!("default/old-{}", 2 * i)))
     });
     // whereabouts' reconciler must have passed over this state too.
     let runs = theirs.reconciler_runs();
-    wait_until("whereabouts' reconciler ran over the final state", Duration::from_secs(75), || theirs.reconciler_runs() > runs);
+    wait_until("whereabouts' reconciler ran over the final state", Duration::from_secs(75), Duration::from_millis(200), || theirs.reconciler_runs() > runs);
     assert!(theirs.running(), "whereabouts' controllers stopped; logs in {}", tmp.path().display());
 
     let held = m.held();

@@ -4,28 +4,16 @@
 //! wrote, and when, comes from the apiserver's audit log: every replica's
 //! requests carry `thereabouts-controller/<identity>` as user agent.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use thereabouts_e2e::{Call, Invocation, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::controller::{self, Controller, Settings};
 use thereabouts_k8s_harness::plugin::{Objects, RESERVATIONS, kubernetes_conf};
-use thereabouts_k8s_harness::{AuditedWrite, Cluster, LatencyProxy, NAMESPACE, pods};
+use thereabouts_k8s_harness::{AuditedWrite, Cluster, LatencyProxy, NAMESPACE, block_on, pods, wait_until};
 
 const V4: &str = "192.0.2.0/24";
 const V6: &str = "2001:db8::/64";
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < end, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn now_us() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_microsecond()
@@ -98,14 +86,14 @@ fn the_leader_killed_mid_pass_is_replaced_within_a_lease_and_two_replicas_never_
     let s = setup("leader-kill", 20, 5);
     let lease_seconds = 4;
     let (mut a, agent_a) = s.start("a", lease_seconds);
-    wait_until("a leads", Duration::from_secs(20), || s.lease_holder().starts_with("a-"));
+    wait_until("a leads", Duration::from_secs(20), Duration::from_millis(50), || s.lease_holder().starts_with("a-"));
     let (b, agent_b) = s.start("b", lease_seconds);
-    wait_until("a is mid-pass", Duration::from_secs(30), || s.writes_of(&agent_a).len() >= 3);
+    wait_until("a is mid-pass", Duration::from_secs(30), Duration::from_millis(50), || s.writes_of(&agent_a).len() >= 3);
     a.kill();
     let killed = now_us();
-    wait_until("b leads", Duration::from_secs(20), || s.lease_holder().starts_with("b-"));
+    wait_until("b leads", Duration::from_secs(20), Duration::from_millis(50), || s.lease_holder().starts_with("b-"));
     let took_over = (now_us() - killed) as f64 / 1e6;
-    wait_until("every gone pod is freed", Duration::from_secs(60), || s.reservations_of("default/gone") == 0);
+    wait_until("every gone pod is freed", Duration::from_secs(60), Duration::from_millis(50), || s.reservations_of("default/gone") == 0);
 
     let (writes_a, writes_b) = (s.writes_of(&agent_a), s.writes_of(&agent_b));
     let last_a = writes_a.iter().map(|w| w.answered_us).max().unwrap();
@@ -136,7 +124,7 @@ fn the_leader_killed_mid_pass_is_replaced_within_a_lease_and_two_replicas_never_
 fn a_replica_whose_lease_is_taken_mid_pass_stops_before_its_next_write() {
     let s = setup("leader-lost", 20, 0);
     let (_a, agent_a) = s.start("a", 30);
-    wait_until("a is mid-pass", Duration::from_secs(30), || s.writes_of(&agent_a).len() >= 3);
+    wait_until("a is mid-pass", Duration::from_secs(30), Duration::from_millis(50), || s.writes_of(&agent_a).len() >= 3);
     // Another replica's Lease, as if a's renewals had stopped reaching the apiserver.
     let lease = json!({"spec": {"holderIdentity": "intruder", "renewTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(), "leaseDurationSeconds": 60}});
     let taken = now_us();
@@ -157,11 +145,11 @@ fn a_replica_whose_lease_is_taken_mid_pass_stops_before_its_next_write() {
 fn an_apiserver_restarted_mid_pass_is_survived_and_nothing_live_is_freed() {
     let s = setup("leader-restart", 20, 10);
     let (c, agent) = s.start("a", 4);
-    wait_until("a is mid-pass", Duration::from_secs(30), || s.writes_of(&agent).len() >= 3);
+    wait_until("a is mid-pass", Duration::from_secs(30), Duration::from_millis(50), || s.writes_of(&agent).len() >= 3);
     s.cluster.stop_apiserver();
     std::thread::sleep(Duration::from_secs(2));
     s.cluster.start_apiserver().unwrap();
-    wait_until("every gone pod is freed after the restart", Duration::from_secs(90), || s.reservations_of("default/gone") == 0);
+    wait_until("every gone pod is freed after the restart", Duration::from_secs(90), Duration::from_millis(50), || s.reservations_of("default/gone") == 0);
     assert_eq!(s.reservations_of("default/live"), 20, "the live pods keep their reservations");
     let sample = r#"thereabouts_reconcile_passes_total{kind="full",outcome="failed"}"#;
     eprintln!("passes failed during the outage: {}", c.metric(sample).unwrap_or(0.0));

@@ -7,31 +7,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use thereabouts_e2e::{Call, Invocation, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::controller::{self, Controller, Settings};
 use thereabouts_k8s_harness::etcd::{Etcd, etcd_conf};
 use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
-use thereabouts_k8s_harness::{Cluster, pods};
+use thereabouts_k8s_harness::{Cluster, block_on, pods, wait_until};
 
 const V4: &str = "192.0.2.0/24";
 const V6: &str = "2001:db8::/64";
 const LIVE: usize = 200;
 const GONE: usize = 20;
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < end, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 fn add(conf: &Value, pod: &str) -> Vec<IpAddr> {
     let mut call = Call::pod("ADD", &format!("cid-{pod}"), pod);
@@ -75,7 +63,7 @@ fn start(cluster: &Cluster, tmp: &TempDir, etcd_configs: Vec<std::path::PathBuf>
     block_on(pods::node(cluster, "node-1", true)).unwrap();
     let settings = Settings { reconcile_interval_seconds: 0, etcd_configs, ..Settings::default() };
     let c = Controller::run(&thereabouts_bin(), &kubeconfig, &settings, &tmp.path().join("controller.log")).unwrap();
-    wait_until("the controller passes", Duration::from_secs(30), || {
+    wait_until("the controller passes", Duration::from_secs(30), Duration::from_millis(200), || {
         c.metric(r#"thereabouts_reconcile_passes_total{kind="full",outcome="ok"}"#).unwrap_or(0.0) >= 2.0
     });
     c
@@ -119,7 +107,7 @@ fn adds_for_new_pods_during_back_to_back_passes_lose_nothing_on_kubernetes() {
         held_in(entries)
     };
     // A pass frees the entries first and the reservations after them.
-    wait_until("the gone pods' entries and reservations are freed", Duration::from_secs(20), || {
+    wait_until("the gone pods' entries and reservations are freed", Duration::from_secs(20), Duration::from_millis(200), || {
         held().keys().all(|p| !p.contains("gone")) && objects.reservations().unwrap().len() == 2 * LIVE
     });
     let passes = c.metric(r#"thereabouts_reconcile_passes_total{kind="full",outcome="ok"}"#).unwrap();
@@ -146,7 +134,7 @@ fn adds_for_new_pods_during_back_to_back_passes_lose_nothing_on_etcd() {
         held_in(entries)
     };
     // A pass frees the entries first and the reservations after them.
-    wait_until("the gone pods' entries and reservations are freed", Duration::from_secs(20), || {
+    wait_until("the gone pods' entries and reservations are freed", Duration::from_secs(20), Duration::from_millis(200), || {
         held().keys().all(|p| !p.contains("gone")) && etcd.reservations("/thereabouts/").unwrap().len() == 2 * LIVE
     });
     let passes = c.metric(r#"thereabouts_reconcile_passes_total{kind="full",outcome="ok"}"#).unwrap();

@@ -21,12 +21,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, TempDir, addr_of, thereabouts_bin};
-use thereabouts_k8s_harness::Cluster;
 use thereabouts_k8s_harness::apiserver_metrics::{Metrics, RequestCounts};
 use thereabouts_k8s_harness::bench::{Phase, Runner, process_cpu};
 use thereabouts_k8s_harness::burst::Network;
 use thereabouts_k8s_harness::controller::{self, Controller};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, kubernetes_conf};
+use thereabouts_k8s_harness::{Cluster, block_on};
 
 const RANGES: [&str; 2] = ["198.18.0.0/15", "2001:db8:b0::/64"];
 /// The bound this bench holds every object to (the NodeSlicePool of 4 096
@@ -87,10 +87,6 @@ fn parse_options() -> Result<Options> {
         bail!("--nodes and --batch must be positive, and a node's pods fit in one /24 slice (at most 250 per node)");
     }
     Ok(o)
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime").block_on(f)
 }
 
 /// One batch's figures, per ADD.

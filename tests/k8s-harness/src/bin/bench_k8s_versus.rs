@@ -53,7 +53,7 @@ use thereabouts_k8s_harness::controller::{self, Controller};
 use thereabouts_k8s_harness::held::reservations_in;
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, kubernetes_conf};
 use thereabouts_k8s_harness::report::{ms, percentile};
-use thereabouts_k8s_harness::{Cluster, LatencyProxy, peers};
+use thereabouts_k8s_harness::{Cluster, LatencyProxy, block_on, peers};
 
 const RANGES: [&str; 2] = ["192.0.2.0/24", "2001:db8:90::/64"];
 
@@ -139,10 +139,6 @@ struct Row {
     duplicates: usize,
     left_entries: usize,
     left_reservations: usize,
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime").block_on(f)
 }
 
 /// Addresses handed out to more than one of the pods that succeeded.
