@@ -23,12 +23,11 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 
-include!("../../src/policy_engine_config.rs");
+use thereabouts_policy_compiler::bindings::PolicyExtensionPre;
+use thereabouts_policy_compiler::bindings::exports::thereabouts::ipam::policy::{AttachmentInput, Needs, Pick};
+use thereabouts_policy_compiler::{policy_engine_config, policy_fuel_engine_config};
+
 include!("../../src/compat_hash.rs");
-
-wasmtime::component::bindgen!({ world: "policy-extension", path: "../../wit" });
-
-use exports::thereabouts::ipam::policy::{AttachmentInput, Needs, Pick};
 
 /// The plugin's cache (host/src/policy/artifact.rs has the same default and
 /// the same environment override).
