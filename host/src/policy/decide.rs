@@ -236,17 +236,21 @@ const SETTINGS: &str = "settings";
 /// `validate-settings` of a policy, or what it answered before for the same
 /// artifact, settings and limits (see `records`). Only an acceptance is
 /// remembered: a rejection fails the ADD, and is asked again the next time.
+/// The record holds its whole input, compared exactly, so its name need
+/// only spread records out (SipHash; no digest to compute on an ADD).
 fn validated(
     cache: &std::path::Path,
     artifact: &std::path::Path,
     config: &PolicyConfig,
     ask: impl FnOnce() -> Result<Needs, CallFailure>,
 ) -> Result<Needs, CallFailure> {
-    use sha2::{Digest, Sha256};
+    use std::hash::{Hash, Hasher};
     let artifact_name = artifact.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
-    let key = Sha256::digest(format!("{artifact_name}\n{}\n{}\n{}", config.timeout_ms, config.memory_mib, config.settings));
-    let record = cache.join(SETTINGS).join(key.iter().map(|b| format!("{b:02x}")).collect::<String>());
-    let text_of = |n: Needs| format!("accepted; labels={} annotations={}", n.labels, n.annotations);
+    let input = format!("{artifact_name}\n{}\n{}\n{}", config.timeout_ms, config.memory_mib, config.settings);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    input.hash(&mut hasher);
+    let record = cache.join(SETTINGS).join(format!("{:016x}", hasher.finish()));
+    let text_of = |n: Needs| format!("accepted; labels={} annotations={}\n{input}", n.labels, n.annotations);
     if let Some(text) = records::read(&record) {
         for needs in [(false, false), (true, false), (false, true), (true, true)].map(|(labels, annotations)| Needs { labels, annotations }) {
             if text == text_of(needs) {

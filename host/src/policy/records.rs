@@ -15,8 +15,8 @@ use std::path::Path;
 
 use super::artifact::root_only;
 
-/// Longest record (the longest is a 64-character digest).
-const MAX_RECORD: u64 = 256;
+/// Longest record read (a remembered verdict holds the policy's settings).
+const MAX_RECORD: u64 = 1 << 20;
 
 /// A record's text, if root wrote it and no one else could have.
 pub fn read(record: &Path) -> Option<String> {
@@ -26,7 +26,7 @@ pub fn read(record: &Path) -> Option<String> {
     if !meta.is_file() || root_only(&meta).is_err() || root_only(&dir).is_err() {
         return None;
     }
-    let mut text = String::new();
+    let mut text = String::with_capacity(meta.len().min(MAX_RECORD) as usize);
     file.by_ref().take(MAX_RECORD).read_to_string(&mut text).ok()?;
     Some(text)
 }
