@@ -130,7 +130,7 @@ pub fn flat_file_paths(network_config: &str) -> Result<Vec<String>> {
     let doc = parse_document(network_config, "network config")?;
     let net = locate(&doc)?;
     let mut paths = Vec::with_capacity(FLAT_FILE_PATHS.len() + 1);
-    if let Some(inline) = gojson::string(net.ipam, "configuration_path", "ipam.configuration_path")? {
+    if let Some(inline) = absolute_path(gojson::string(net.ipam, "configuration_path", "ipam.configuration_path")?, "ipam.configuration_path")? {
         paths.push(inline);
     }
     paths.extend(FLAT_FILE_PATHS.iter().map(|p| p.to_string()));
@@ -291,14 +291,28 @@ fn assign_requested_ips(plugin: &Map<String, Value>, ranges: &mut [NormalizedRan
     Ok(())
 }
 
+/// A path the plugin opens, refused unless absolute: a CNI plugin runs in the
+/// runtime's working directory, which nobody chose, so a relative path names
+/// a file in a place that depends on who called. "" counts as unset.
+fn absolute_path(value: Option<String>, field: &str) -> Result<Option<String>> {
+    match value {
+        Some(path) if !path.is_empty() && !path.starts_with('/') => Err(ConfigError::invalid(
+            field,
+            format!("path {path:?} is not absolute (a CNI plugin runs in the runtime's working directory, which is no place to resolve it from)"),
+        )),
+        value => Ok(value),
+    }
+}
+
 fn datastore_settings(ipam: &Map<String, Value>) -> Result<DatastoreSettings> {
     let s = |key: &str| gojson::string(ipam, key, &format!("ipam.{key}"));
+    let path = |key: &str| absolute_path(s(key)?, &format!("ipam.{key}"));
     let kind = s("datastore")?;
     if let Some(kind) = kind.as_ref().filter(|k| !DATASTORES.contains(&k.as_str())) {
         return Err(ConfigError::invalid("ipam.datastore", format!("unknown datastore {kind:?}; choose one of {DATASTORES:?}")));
     }
     let kubeconfig = match gojson::object(ipam, "kubernetes", "ipam.kubernetes")? {
-        Some(k) => gojson::string(k, "kubeconfig", "ipam.kubernetes.kubeconfig")?,
+        Some(k) => absolute_path(gojson::string(k, "kubeconfig", "ipam.kubernetes.kubeconfig")?, "ipam.kubernetes.kubeconfig")?,
         None => None,
     };
     let etcd_hosts = match gojson::field(ipam, "etcd_host") {
@@ -307,14 +321,14 @@ fn datastore_settings(ipam: &Map<String, Value>) -> Result<DatastoreSettings> {
     };
     Ok(DatastoreSettings {
         kind,
-        data_dir: s("data_dir")?,
+        data_dir: path("data_dir")?,
         kubeconfig,
         etcd_hosts,
         etcd_username: s("etcd_username")?,
         etcd_password: s("etcd_password")?,
-        etcd_key_file: s("etcd_key_file")?,
-        etcd_cert_file: s("etcd_cert_file")?,
-        etcd_ca_cert_file: s("etcd_ca_cert_file")?,
+        etcd_key_file: path("etcd_key_file")?,
+        etcd_cert_file: path("etcd_cert_file")?,
+        etcd_ca_cert_file: path("etcd_ca_cert_file")?,
         etcd_prefix: s("etcd_prefix")?,
     })
 }
@@ -443,7 +457,7 @@ pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) 
         datastore: datastore_settings(&ipam)?,
         log_file: gojson::string(&ipam, "log_file", "ipam.log_file")?,
         log_level: gojson::string(&ipam, "log_level", "ipam.log_level")?,
-        configuration_path: gojson::string(&ipam, "configuration_path", "ipam.configuration_path")?,
+        configuration_path: absolute_path(gojson::string(&ipam, "configuration_path", "ipam.configuration_path")?, "ipam.configuration_path")?,
     })
 }
 

@@ -178,6 +178,34 @@ fn flat_file_paths_put_configuration_path_first() {
 }
 
 #[test]
+fn relative_paths_the_plugin_opens_are_refused_naming_the_field() {
+    let base = || json!({"type": "whereabouts", "range": "192.0.2.0/24"});
+    for (key, field) in [
+        ("data_dir", "ipam.data_dir"),
+        ("etcd_key_file", "ipam.etcd_key_file"),
+        ("etcd_cert_file", "ipam.etcd_cert_file"),
+        ("etcd_ca_cert_file", "ipam.etcd_ca_cert_file"),
+        ("configuration_path", "ipam.configuration_path"),
+    ] {
+        let mut ipam = base();
+        ipam[key] = json!("some/where");
+        let e = err(ipam);
+        assert_eq!((e.code, e.field.as_str()), (7, field), "{}", e.message);
+        assert!(e.message.contains("\"some/where\" is not absolute"), "{}", e.message);
+    }
+    let mut ipam = base();
+    ipam["kubernetes"] = json!({"kubeconfig": "kc"});
+    assert_eq!(err(ipam).field, "ipam.kubernetes.kubeconfig");
+    assert_eq!(flat_file_paths(&conf(json!({"type": "whereabouts", "configuration_path": "x.conf"}))).unwrap_err().field, "ipam.configuration_path");
+    // Absolute and empty paths stand; log_file is the host's to judge (it is never a reason to fail).
+    let mut ipam = base();
+    ipam["data_dir"] = json!("/var/lib/x");
+    ipam["etcd_key_file"] = json!("");
+    ipam["log_file"] = json!("relative.log");
+    assert_eq!(ok(ipam).datastore.data_dir.as_deref(), Some("/var/lib/x"));
+}
+
+#[test]
 fn pod_ref_comes_from_cni_args_and_unknown_args_fail() {
     assert_eq!(ok(json!({"type": "whereabouts", "range": "192.0.2.0/24"})).pod_ref, "default/pod-a");
     let e = normalize(&conf(json!({"type": "whereabouts", "range": "192.0.2.0/24"})), None, "BOGUS=1").unwrap_err();

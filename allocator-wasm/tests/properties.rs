@@ -100,7 +100,10 @@ proptest! {
 
     #[test]
     fn chosen_address_is_the_lowest_free_one(entry in range_config(), taken in proptest::collection::vec(0u128..400, 0..200)) {
-        let Some(config) = normalize_entry(&entry) else { return Ok(()) };
+        let config = normalize_entry(&entry);
+        // Counted by proptest: a generator that mostly makes rejected configs fails the test.
+        prop_assume!(config.is_some(), "a range the engine rejects");
+        let config = config.expect("assumed");
         let r = &config.ranges[0];
         let excluded = forbidden(&entry, r);
         prop_assert_eq!(r.usable, (r.first_offset..=r.last_offset).filter(|o| !excluded(*o)).count() as u128);
@@ -127,7 +130,10 @@ proptest! {
         contention in 0u32..12,
         pod in 0usize..1000,
     ) {
-        let Some(config) = normalize_entry(&entry) else { return Ok(()) };
+        let config = normalize_entry(&entry);
+        // Counted by proptest: a generator that mostly makes rejected configs fails the test.
+        prop_assume!(config.is_some(), "a range the engine rejects");
+        let config = config.expect("assumed");
         let r = &config.ranges[0];
         let excluded = forbidden(&entry, r);
         let occupied: BTreeSet<u128> = taken.iter().chain(&reserved).copied().collect();
@@ -158,7 +164,10 @@ proptest! {
 
     #[test]
     fn successive_allocations_never_duplicate_and_adds_are_idempotent(entry in range_config(), pods in 1usize..120, churn in proptest::collection::vec(0usize..120, 0..40)) {
-        let Some(config) = normalize_entry(&entry) else { return Ok(()) };
+        let config = normalize_entry(&entry);
+        // Counted by proptest: a generator that mostly makes rejected configs fails the test.
+        prop_assume!(config.is_some(), "a range the engine rejects");
+        let config = config.expect("assumed");
         let r = &config.ranges[0];
         let mut entries: Vec<Allocation> = Vec::new();
         let add = |entries: &mut Vec<Allocation>, i: usize| -> Option<u128> {
@@ -197,7 +206,9 @@ proptest! {
     #[test]
     fn multi_range_plans_are_disjoint(a in range_config(), b in range_config()) {
         let text = json!({"cniVersion": "1.0.0", "name": "p", "ipam": {"type": "thereabouts", "ipRanges": [a.clone(), a, b]}}).to_string();
-        let Ok(config) = normalize(&text, None, "") else { return Ok(()) };
+        let config = normalize(&text, None, "");
+        prop_assume!(config.is_ok(), "ranges the engine rejects together");
+        let config = config.expect("assumed");
         if let Ok(out) = plan_all(&config, &[], Reservations::AsRead, &req(1)) {
             let ips: BTreeSet<String> = out.iter().map(|o| o.assignment().ip.clone()).collect();
             prop_assert_eq!(ips.len(), out.len());
@@ -288,7 +299,9 @@ proptest! {
             _ => vec![a.clone(), b.clone(), a.clone()],
         };
         let text = json!({"cniVersion": "1.0.0", "name": "p", "ipam": {"type": "thereabouts", "ipRanges": entries}}).to_string();
-        let Ok(config) = normalize(&text, None, "") else { return Ok(()) };
+        let config = normalize(&text, None, "");
+        prop_assume!(config.is_ok(), "ranges the engine rejects together");
+        let config = config.expect("assumed");
         let table = thereabouts_allocator::preview(&config, &[], pods as u32);
         let served = table.addresses.lines().filter(|_| table.served > 0).map(|line| Some(line.split(' ').map(|a| a.split('/').next().unwrap_or_default().to_string()).collect()));
         let previewed: Vec<Option<Vec<String>>> = served.chain(std::iter::repeat(None)).take(pods).collect();

@@ -468,7 +468,7 @@ fn finish(outcome: Result<u8>) -> Result<()> {
     let code = match outcome {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::causes::describe(&e));
             2
         }
     };

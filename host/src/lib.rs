@@ -9,6 +9,7 @@
 //! - [`logging`]: whereabouts-style log lines, never on stdout;
 //! - [`json`]: the one JSON printer (a leaf: CNI documents, CLI reports, pool files).
 
+pub mod causes;
 pub mod cli;
 pub mod cni;
 pub mod component;

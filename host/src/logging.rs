@@ -57,6 +57,12 @@ pub fn configure(level: Option<&str>, file: Option<&str>) {
         }
     }
     if let Some(path) = file.filter(|f| !f.is_empty()) {
+        // Relative to the runtime's working directory, which nobody chose: a
+        // file there would turn up anywhere. Not worth failing a pod over.
+        if !path.starts_with('/') {
+            eprintln!("{} [error] log_file {path:?} is not an absolute path; ignored, logging to stderr", timestamp());
+            return;
+        }
         match OpenOptions::new().create(true).append(true).open(path) {
             Ok(f) => logger.file = Some(f),
             Err(e) => eprintln!("{} [error] cannot open log_file {path}: {e}; logging to stderr", timestamp()),

@@ -17,7 +17,7 @@ fn main() -> std::process::ExitCode {
     match thereabouts::cli::run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", thereabouts::causes::describe(&e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -1,7 +1,9 @@
 //! The node a CNI call runs on, for node slices: found as whereabouts finds it,
 //! so a node keeps its slices when the plugins are swapped. `NODENAME` first,
-//! then `<configuration_path>/nodename` (the installer writes it), then
-//! `/etc/hostname`; the first 1024 bytes, trimmed.
+//! then `<configuration_path>/nodename` (the installer writes it), then, when
+//! `configuration_path` names the flat file itself rather than its directory,
+//! `nodename` beside that file (whereabouts looks under the file and finds
+//! nothing), then `/etc/hostname`; the first 1024 bytes, trimmed.
 
 use std::io::Read;
 use std::path::Path;
@@ -26,8 +28,11 @@ pub fn discover_from(env: impl Fn(&str) -> Option<String>, configuration_path: O
     }
     // whereabouts joins the two with a '/', an unset path included.
     let nodename_file = format!("{}/nodename", configuration_path.unwrap_or_default());
-    let found =
-        [Path::new(&nodename_file), hostname_file].into_iter().find_map(|path| first_kib(path).map(|text| text.trim().to_string()).filter(|n| !n.is_empty()));
+    let beside_flat_file = configuration_path.map(Path::new).filter(|p| p.is_file()).and_then(Path::parent).map(|dir| dir.join("nodename"));
+    let found = [Some(Path::new(&nodename_file)), beside_flat_file.as_deref(), Some(hostname_file)]
+        .into_iter()
+        .flatten()
+        .find_map(|path| first_kib(path).map(|text| text.trim().to_string()).filter(|n| !n.is_empty()));
     found.ok_or_else(|| UnknownNode { nodename_file, hostname_file: hostname_file.display().to_string() })
 }
 
@@ -54,6 +59,10 @@ mod tests {
         std::fs::write(dir.join("nodename"), "node-from-installer\n").unwrap();
         assert_eq!(discover_from(none, Some(conf), &hostname).unwrap(), "node-from-installer");
         assert_eq!(discover_from(|_| Some(String::new()), Some(conf), &hostname).unwrap(), "node-from-installer");
+        // configuration_path naming the flat file: the nodename beside it.
+        let flat_file = dir.join("thereabouts.conf");
+        std::fs::write(&flat_file, "{}").unwrap();
+        assert_eq!(discover_from(none, flat_file.to_str(), &hostname).unwrap(), "node-from-installer");
         let err = discover_from(none, None, &dir.join("missing")).unwrap_err().to_string();
         assert!(err.contains("NODENAME is unset") && err.contains("/nodename"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -583,6 +583,31 @@ fn flat_file_is_optional_but_used_when_present() {
     assert!(add(&config, "c3", "p3").error(7).contains("bad/whereabouts.conf"));
 }
 
+/// A relative `log_file` would be created wherever the runtime runs the
+/// plugin: it is ignored (logging goes to stderr), and the ADD is served.
+#[test]
+fn a_relative_log_file_is_ignored_and_nothing_lands_in_the_working_directory() {
+    let scratch = Scratch::new("relative-log");
+    let cwd = scratch.path("runtime-cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let config =
+        net("1.0.0", json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(), "range": "192.0.2.0/24", "log_file": "192.0.2.300"}));
+    let mut child = Command::new(binary())
+        .env_clear()
+        .envs(cni_env("ADD", "c1", &pod("p1")))
+        .current_dir(&cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(config.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("log_file \"192.0.2.300\""), "one line says why");
+    assert_eq!(std::fs::read_dir(&cwd).unwrap().count(), 0, "the runtime's working directory is left alone");
+}
+
 #[test]
 fn log_file_and_level_are_honoured_and_stdout_stays_clean() {
     let scratch = Scratch::new("logging");
@@ -670,6 +695,15 @@ fn bad_input_fails_cleanly_without_touching_the_datastore() {
         ),
         (net("1.0.0", ipam(json!({"data_dir": scratch.path("a-file")}))), 7, "not a directory"),
         (net("1.0.0", ipam(json!({"data_dir": scratch.path("a-file/sub")}))), 7, "not a directory"),
+        (net("1.0.0", ipam(json!({"data_dir": "relative/data"}))), 7, "ipam.data_dir: path \"relative/data\" is not absolute"),
+        (net("1.0.0", ipam(json!({"configuration_path": "whereabouts.d"}))), 7, "ipam.configuration_path: path \"whereabouts.d\" is not absolute"),
+        (net("1.0.0", ipam(json!({"kubernetes": {"kubeconfig": "kc"}, "datastore": "kubernetes"}))), 7, "ipam.kubernetes.kubeconfig: path \"kc\""),
+        (
+            net("1.0.0", ipam(json!({"datastore": "etcd", "etcd_host": "127.0.0.1:2379", "etcd_key_file": "certs/key.pem"}))),
+            7,
+            "ipam.etcd_key_file: path \"certs/key.pem\" is not absolute",
+        ),
+        (net("1.0.0", ipam(json!({"policies": [{"name": "p", "path": "p.wasm"}]}))), 7, "ipam.policies[0].path"),
         (json!({"cniVersion": "1.0.0", "type": "bridge", "ipam": ipam(json!({}))}).to_string(), 7, "name"),
         (json!({"cniVersion": "1.0.0", "name": "n", "type": "bridge"}).to_string(), 7, "ipam"),
     ];
@@ -741,6 +775,34 @@ fn cli_preview_pools_and_engine_component() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("thereabouts "));
     let out = cli(&["preview", "--config", scratch.path("missing.conf").to_str().unwrap()]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("missing.conf"));
+}
+
+/// Every CLI verb that reads a config says what is wrong with it once: the
+/// error's causes are not printed again after its own message.
+#[test]
+fn cli_config_errors_read_once() {
+    let scratch = Scratch::new("cli-errors");
+    let config_path = scratch.path("bad.conf");
+    let bad = net(
+        "1.0.0",
+        json!({"type": "thereabouts", "datastore": "file", "data_dir": scratch.data(), "ipRanges": [{"range": "192.0.2.0/24", "exclude": ["bogus"]}]}),
+    );
+    std::fs::write(&config_path, bad).unwrap();
+    let config = config_path.to_str().unwrap();
+    for args in [
+        &["preview", "--config", config][..],
+        &["pools", "--config", config],
+        &["reconcile", "--dry-run", "--config", config],
+        &["release", "--pod", "ns/p", "--config", config],
+        &["policy", "run", "--config", config],
+    ] {
+        let out = Command::new(binary()).env_clear().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        let field = "ipam.ipRanges[0].exclude[0]";
+        assert_eq!(stderr.matches(field).count(), 1, "{args:?} names {field} once: {stderr}");
+        assert!(stderr.contains("bad.conf") && stderr.contains("\"bogus\""), "{args:?}: {stderr}");
+    }
 }
 
 /// The shipped examples stay valid: each previews, and ADD/DEL work on it with

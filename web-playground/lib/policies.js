@@ -22,11 +22,22 @@ const q = (s) => JSON.stringify(s);
 /** A failure that stops the pod's ADD (what the plugin's CNI error would say). */
 class Stop extends Error {}
 
-/** `on_error` of one failed call: `deny` stops the ADD, `ignore` logs and goes on. */
+/**
+ * Why a failure of this policy does not stop the ADD, or null: a policy on
+ * trial (`mode: monitor`) never stops a pod, whatever its `on_error`; an
+ * enforcing one only with `on_error: ignore` (the plugin's `tolerated`).
+ */
+function tolerated(config) {
+  if (config.mode === 'monitor') return 'mode: monitor';
+  return config.onError === 'ignore' ? 'on_error: ignore' : null;
+}
+
+/** One failed call: logged with its cause when tolerated, else it stops the ADD. */
 function fail(p, hook, what, log) {
   const text = `policy ${q(p.config.name)}, ${hook}: ${what}`;
-  if (p.config.onError === 'ignore') {
-    log.push(`${text}; ignored (on_error: ignore), the built-in choice stands`);
+  const why = tolerated(p.config);
+  if (why) {
+    log.push(`${text}; ignored (${why}), the built-in choice stands`);
     return;
   }
   throw new Stop(text);
@@ -44,8 +55,9 @@ export async function preparePolicies(policies, host) {
     for (const [index, config] of policies.entries()) {
       const loaded = await host.load(index);
       if (loaded.fail) {
-        if (config.onError === 'ignore') {
-          log.push(`policy ${q(config.name)} not loaded, ignored (on_error: ignore): ${loaded.fail}`);
+        const why = tolerated(config);
+        if (why) {
+          log.push(`policy ${q(config.name)} not loaded, ignored (${why}): ${loaded.fail}`);
           continue;
         }
         throw new Stop(`policy ${q(config.name)}: ${loaded.fail}`);

@@ -117,6 +117,16 @@ test('on_error: deny fails the pod naming policy and hook; ignore logs and the b
   assert.match(planned.log[0], /^policy "slow", pick-address: timed out after 10 ms; ignored \(on_error: ignore\)/);
 });
 
+test('monitor: every failure is logged and the built-in choice stands, whatever on_error says', async () => {
+  const failures = { fail: 'trapped: unreachable' };
+  for (const hook of ['validate-settings', 'select-ranges', 'pick-address']) {
+    const { planned, prepared } = await plan([policy('trial', { mode: 'monitor' })], { trial: { [hook]: () => failures } });
+    assert.ok(planned.outcomes, `${hook}: ${planned.failure}`);
+    const log = [...prepared.log, ...planned.log];
+    assert.ok(log.includes(`policy "trial", ${hook}: trapped: unreachable; ignored (mode: monitor), the built-in choice stands`), log.join('\n'));
+  }
+});
+
 test('monitor: the policy runs, its verdict is logged, the built-in choice decides', async () => {
   const { planned, engine } = await plan([policy('watch', { mode: 'monitor' })], {
     watch: { 'select-ranges': () => ({ ok: { veto: 'would refuse' } }), 'pick-address': pick({ tag: 'veto', val: 'no' }, [['192.0.2.1', 'r']]) },
@@ -200,10 +210,14 @@ test('adding a policy entry to the config: unique names, JSON only; labels', () 
 
 // ---------------------------------------------------------------- the example policies, on the engine
 
-const built = existsSync(join(POLICIES, 'manifest.json')) && existsSync(join(here, '../engine/engine.js'));
-const skip = built ? false : 'web-playground/policies/ or engine/ not built (bash web-playground/build.sh)';
+/** These tests need build.sh's outputs: missing, they fail (a skip would pass). */
+function assertBuilt() {
+  const built = existsSync(join(POLICIES, 'manifest.json')) && existsSync(join(here, '../engine/engine.js'));
+  assert.ok(built, 'web-playground/policies/ or engine/ not built: run bash web-playground/build.sh first');
+}
 
 function exampleSource(name) {
+  assertBuilt();
   const manifest = JSON.parse(readFileSync(join(POLICIES, 'manifest.json'), 'utf8'));
   const p = manifest.policies.find((x) => x.name === name);
   const dir = join(POLICIES, p.dir);
@@ -228,6 +242,7 @@ function inProcessHost(policies) {
 }
 
 async function previewOf(ipam, count, identity = {}) {
+  assertBuilt();
   const { engine } = await import('../engine/engine.js');
   const { config, errors } = normalize(engine, JSON.stringify({ cniVersion: '1.0.0', name: 'p', ipam: { type: 'whereabouts', ...ipam } }));
   assert.equal(errors, undefined, JSON.stringify(errors));
@@ -237,7 +252,7 @@ async function previewOf(ipam, count, identity = {}) {
 
 const examplePolicy = (name, settings, extra = {}) => ({ name, path: `/etc/cni/net.d/thereabouts.d/policies/${name}.wasm`, settings, ...extra });
 
-test('keep-addresses: deny-listed addresses are refused, with the reason, and skipped', { skip }, async () => {
+test('keep-addresses: deny-listed addresses are refused, with the reason, and skipped', async () => {
   const pods = await previewOf({ range: '192.0.2.0/24', policies: [examplePolicy('keep-addresses', { deny: ['192.0.2.2', '192.0.2.4/31'] })] }, 4);
   assert.deepEqual(pods.map((p) => p.addresses[0]), ['192.0.2.1/24', '192.0.2.3/24', '192.0.2.6/24', '192.0.2.7/24']);
   assert.deepEqual(pods[1].refused, [
@@ -248,7 +263,7 @@ test('keep-addresses: deny-listed addresses are refused, with the reason, and sk
   assert.deepEqual(pods.map((p) => p.failure), [null, null, null, null]);
 });
 
-test('sticky-ordinal: web-N gets first + base + N in every range; namespace-ranges by namespace and label', { skip }, async () => {
+test('sticky-ordinal: web-N gets first + base + N in every range; namespace-ranges by namespace and label', async () => {
   const sticky = await previewOf({ ipRanges: [{ range: '192.0.2.0/24' }, { range: '2001:db8::/64' }], policies: [examplePolicy('sticky-ordinal', { base: 10 })] }, 3, { prefix: 'web-' });
   assert.deepEqual(sticky.map((p) => [p.name, ...p.addresses]), [
     ['default/web-0', '192.0.2.11/24', '2001:db8::b/64'],
@@ -262,7 +277,7 @@ test('sticky-ordinal: web-N gets first + base + N in every range; namespace-rang
   assert.equal((await previewOf(ipam, 1, { namespace: 'other' }))[0].failure, 'policy "namespace-ranges" refused the attachment: namespace-ranges: default gives this pod no range');
 });
 
-test('hostile policies in-process: a trap, the memory limit, the stack and a huge answer are policy errors', { skip }, async () => {
+test('hostile policies in-process: a trap, the memory limit, the stack and a huge answer are policy errors', async () => {
   const hostile = (hook, action, extra) => examplePolicy('hostile-fixtures', { hook, do: action }, extra);
   const failureOf = async (p) => (await previewOf({ range: '192.0.2.0/24', policies: [p] }, 1))[0].failure;
   assert.match(await failureOf(hostile('pick-address', 'trap')), /^policy "hostile-fixtures", pick-address: trapped: .*unreachable/);
@@ -276,6 +291,9 @@ test('hostile policies in-process: a trap, the memory limit, the stack and a hug
   // With on_error ignore, the same trap leaves the built-in choice.
   const ignored = await previewOf({ range: '192.0.2.0/24', policies: [hostile('pick-address', 'trap', { on_error: 'ignore' })] }, 1);
   assert.deepEqual([ignored[0].addresses, ignored[0].failure], [['192.0.2.1/24'], null]);
+  // In monitor mode too, with on_error left at its default (deny): a policy on trial never stops a pod.
+  const monitored = await previewOf({ range: '192.0.2.0/24', policies: [hostile('pick-address', 'trap', { mode: 'monitor' })] }, 1);
+  assert.deepEqual([monitored[0].addresses, monitored[0].failure], [['192.0.2.1/24'], null]);
 });
 
 test('pod identity matches `thereabouts preview --pod-prefix`', () => {

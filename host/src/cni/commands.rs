@@ -114,7 +114,7 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     let started = Instant::now();
     let policy_engine = if config.policies.is_empty() { None } else { Some(PolicyEngine::new().map_err(|e| ipam::IpamError::Policy(PolicyStop::Sandbox(e)))?) };
     let engine_made = Instant::now();
-    let policies = match &policy_engine {
+    let mut policies = match &policy_engine {
         Some(pe) => Some(Policies::load(pe, &config.policies).map_err(ipam::IpamError::Policy)?),
         None => None,
     };
@@ -122,7 +122,16 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     let args = arg_pairs(cni_args);
     let (namespace, name) = config.pod_ref.split_once('/').unwrap_or(("", ""));
     let needs = policies.as_ref().map(Policies::needs).unwrap_or_default();
-    let pod = if needs.labels || needs.annotations { pod_metadata(config, namespace, name, deadline)? } else { PodMetadata::default() };
+    let pod = match (&mut policies, needs.labels || needs.annotations) {
+        (Some(p), true) => match pod_metadata(config, namespace, name, deadline) {
+            Ok(pod) => pod,
+            Err(stop) => {
+                p.without_pod(stop).map_err(ipam::IpamError::Policy)?;
+                PodMetadata::default()
+            }
+        },
+        _ => PodMetadata::default(),
+    };
     let guide = match &policies {
         Some(p) if !p.is_empty() => {
             let subject = Subject {
@@ -170,16 +179,16 @@ fn arg_pairs(cni_args: &str) -> Vec<(String, String)> {
 
 /// The Pod's labels and annotations for a policy that needs them: one GET
 /// with the kubeconfig of the config (its datastore's, or `kubernetes.kubeconfig`).
-fn pod_metadata(config: &NormalizedConfig, namespace: &str, name: &str, deadline: Instant) -> Result<PodMetadata, CniError> {
-    let unreadable = |detail: String| ipam::IpamError::Policy(PolicyStop::PodUnreadable { pod: config.pod_ref.clone(), detail });
+fn pod_metadata(config: &NormalizedConfig, namespace: &str, name: &str, deadline: Instant) -> Result<PodMetadata, PolicyStop> {
+    let unreadable = |detail: String| PolicyStop::PodUnreadable { pod: config.pod_ref.clone(), detail };
     if name.is_empty() {
-        return Err(unreadable("CNI_ARGS name no pod (K8S_POD_NAMESPACE, K8S_POD_NAME)".into()).into());
+        return Err(unreadable("CNI_ARGS name no pod (K8S_POD_NAMESPACE, K8S_POD_NAME)".into()));
     }
     let Some(kubeconfig) = config.datastore.kubeconfig.as_deref() else {
-        return Err(unreadable("a policy needs its labels or annotations, and the config names no kubeconfig (`kubernetes.kubeconfig`)".into()).into());
+        return Err(unreadable("a policy needs its labels or annotations, and the config names no kubeconfig (`kubernetes.kubeconfig`)".into()));
     };
     let store = datastore::kubernetes::KubernetesStore::open(std::path::Path::new(kubeconfig)).map_err(|e| unreadable(e.to_string()))?;
-    store.pod_metadata(namespace, name, deadline).map_err(|e| unreadable(e.to_string()).into())
+    store.pod_metadata(namespace, name, deadline).map_err(|e| unreadable(e.to_string()))
 }
 
 /// Allocated addresses in the order served, then static addresses; routes and DNS as configured.

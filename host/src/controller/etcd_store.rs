@@ -125,7 +125,8 @@ impl EtcdStore {
                 return Ok(outcome);
             }
             let created_by = doc.created_by.iter().filter(|(o, _)| kept.contains_key(o)).map(|(o, n)| (*o, n.clone())).collect();
-            let value = pool_document::encode(&doc.range, &kept, &created_by, Format::Compact);
+            let unreserved = doc.unreserved.iter().filter(|o| kept.contains_key(o)).copied().collect();
+            let value = pool_document::encode(&doc.range, &kept, &created_by, &unreserved, Format::Compact);
             let txn = Txn::new().when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)]).and_then([TxnOp::put(key.as_str(), value, None)]);
             let written = self.client.clone().txn(txn).await.map_err(|e| self.failed(&format!("writing {key}"), e))?;
             if written.succeeded() {

@@ -49,6 +49,9 @@ one_label!(ClassLabel, class);
 
 const STATES: [&str; 3] = ["capacity", "allocated", "free"];
 
+/// The kinds of reconcile pass (`reconcile::Scope::kind`).
+pub const PASS_KINDS: [&str; 2] = ["full", "pod_delete"];
+
 fn duration_histogram() -> Histogram {
     // 1 ms doubling 16 times reaches 65.5 s: a pass over a handful of pools up to a full resync
     // against a slow API server.
@@ -98,6 +101,13 @@ impl Metrics {
         registry.register("addresses_freed", "Addresses the controller freed, by reason", freed.clone());
         let passes = Family::<PassLabels, Counter>::default();
         registry.register("reconcile_passes", "Reconcile passes by kind (full, pod_delete) and outcome (ok, failed)", passes.clone());
+        // Every pass series from the start, at 0: an alert on failed passes then
+        // selects a series before the first failure, and rate() sees the first one.
+        for kind in PASS_KINDS {
+            for outcome in ["ok", "failed"] {
+                drop(passes.get_or_create(&PassLabels { kind: kind.to_string(), outcome }));
+            }
+        }
         let pass_duration = Family::<KindLabel, Histogram, fn() -> Histogram>::new_with_constructor(duration_histogram);
         registry.register_with_unit("reconcile_duration", "Duration of a reconcile pass, by kind", Unit::Seconds, pass_duration.clone());
         let api_errors = Family::<ClassLabel, Counter>::default();
@@ -211,6 +221,16 @@ mod tests {
         assert!(text.contains("thereabouts_reconcile_duration_seconds_bucket{le=\"0.004\",kind=\"full\"} 1\n"), "{text}");
         assert!(text.contains("# TYPE thereabouts_reconcile_duration_seconds histogram\n"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn every_pass_series_exists_at_zero_before_the_first_pass() {
+        let text = Metrics::new().encode();
+        for kind in PASS_KINDS {
+            for outcome in ["ok", "failed"] {
+                assert!(text.contains(&format!("thereabouts_reconcile_passes_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} 0\n")), "{text}");
+            }
+        }
     }
 
     #[test]

@@ -215,7 +215,7 @@ async fn serve(options: Options) -> Result<()> {
         while *leading.borrow() {
             if Instant::now() >= next_slices {
                 if let Err(e) = slices.run().await {
-                    crate::logging::error(format!("controller: node-slice pass failed: {e:#}"));
+                    crate::logging::error(format!("controller: node-slice pass failed: {}", crate::causes::describe(&e)));
                 }
                 next_slices = Instant::now() + options.resync;
             }
@@ -275,7 +275,7 @@ async fn run_passes(reconcilers: &[reconcile::Reconciler], scope: &reconcile::Sc
         match r.pass(scope, false).await {
             Ok(report) => recheck = recheck.into_iter().chain(report.recheck_in).min(),
             Err(e) => {
-                crate::logging::error(format!("controller: {} reconcile pass of {} failed: {e:#}", scope.kind(), r.store.describe()));
+                crate::logging::error(format!("controller: {} reconcile pass of {} failed: {}", scope.kind(), r.store.describe(), crate::causes::describe(&e)));
                 ok = false;
             }
         }

@@ -30,10 +30,12 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// Its name in the metrics (one of [`super::metrics::PASS_KINDS`]).
     pub fn kind(&self) -> &'static str {
+        let [full, pod_delete] = super::metrics::PASS_KINDS;
         match self {
-            Scope::Full => "full",
-            Scope::Pods(_) => "pod_delete",
+            Scope::Full => full,
+            Scope::Pods(_) => pod_delete,
         }
     }
 }

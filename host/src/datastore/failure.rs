@@ -1,6 +1,6 @@
 //! What a failed request to a shared store (Kubernetes, etcd) means for the
-//! caller, whichever store it was: one classification, one error per class, and
-//! one printer of an error's causes. Each backend only decides which class its
+//! caller, whichever store it was: one classification and one error per
+//! class. Each backend only decides which class its
 //! own answers fall in (`kubernetes::failure`, `etcd::failure`).
 
 use super::DatastoreError;
@@ -26,43 +26,5 @@ impl Class {
             Class::Denied => DatastoreError::Denied { server, action, detail },
             Class::Rejected => DatastoreError::Rejected { server, action, detail },
         }
-    }
-}
-
-/// `error: cause: cause …`, without repeating a cause whose text is already
-/// there (many errors print their source as part of their own message).
-pub fn cause_chain(head: String, error: &dyn std::error::Error) -> String {
-    let mut text = head;
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let part = cause.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer: {0}")]
-    struct Repeats(#[source] std::io::Error);
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer")]
-    struct Hides(#[source] std::io::Error);
-
-    #[test]
-    fn causes_are_appended_once() {
-        let io = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
-        let repeats = Repeats(io());
-        assert_eq!(cause_chain(repeats.to_string(), &repeats), "outer: connection refused");
-        let hides = Hides(io());
-        assert_eq!(cause_chain(hides.to_string(), &hides), "outer: connection refused");
     }
 }

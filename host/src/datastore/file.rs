@@ -297,13 +297,23 @@ impl Transaction for FileTransaction<'_> {
         self._locks.clear();
         outcome
     }
+
+    /// A writer only loses a race on a pool that did not exist when it read
+    /// (an existing one is locked from the read on). The winner created it,
+    /// so the next attempt reads under its lock, queued in the kernel behind
+    /// the other writers: it plans lowest-free at once, with no pause, and a
+    /// burst on a new pool hands out the addresses one call at a time would.
+    fn serialized(&self) -> bool {
+        self.locking
+    }
 }
 
 impl FileTransaction<'_> {
     /// Locks the cycle's pools that already exist, in name order (no deadlock
     /// between multi-pool commits). A pool not created yet is not locked (so a
     /// DEL or GC of nothing writes nothing); its first writers meet in the
-    /// commit's version check instead.
+    /// commit's version check instead, and the losers queue on its lock (see
+    /// [`Transaction::serialized`]).
     fn lock_existing(&mut self) -> Result<(), DatastoreError> {
         let mut names: Vec<&str> = self.pools.iter().map(|p| p.name.as_str()).filter(|n| self.store.pool_path(n).exists()).collect();
         names.sort_unstable();
@@ -355,7 +365,7 @@ impl FileTransaction<'_> {
         for (update, current) in read {
             let (disk, pool) = current.map_or((None, Pool::default()), |(disk, pool)| (Some(disk), pool));
             let stored = apply(&update.pool.name, pool, &update.changes, &store.network)?;
-            let payload = pool_document::encode(&update.pool.cidr, &stored.entries, &stored.created_by, Format::Pretty);
+            let payload = pool_document::encode(&update.pool.cidr, &stored.entries, &stored.created_by, &stored.unreserved, Format::Pretty);
             writes.push(match disk {
                 Some(disk) if pool_file::fits(disk.slot_size, payload.len()) => {
                     PoolWrite::Slot { index: 1 - disk.current_slot, version: disk.version + 1, file: disk.file, slot_size: disk.slot_size, payload }
@@ -429,11 +439,11 @@ impl FileTransaction<'_> {
             .map(|scope| super::flock::lock(store.reservations_lock_path(scope), &format!("the reservations of network_name {scope:?}"), deadline))
             .collect::<Result<Vec<_>, _>>()?;
         // The commit's own pools as read; the others from disk, under the locks
-        // every commit that reserves in these scopes takes.
-        let before: BTreeMap<&str, Vec<u128>> = read
-            .iter()
-            .map(|(u, current)| (u.pool.name.as_str(), current.as_ref().map(|(_, p)| p.entries.iter().map(|e| e.offset).collect()).unwrap_or_default()))
-            .collect();
+        // every commit that reserves in these scopes takes. An entry made
+        // without a reservation is none (as on Kubernetes and etcd, where such
+        // an ADD writes no reservation object).
+        let before: BTreeMap<&str, Vec<u128>> =
+            read.iter().map(|(u, current)| (u.pool.name.as_str(), current.as_ref().map(|(_, p)| reservations_in(p)).unwrap_or_default())).collect();
         let mut names = store.pool_names()?;
         names.extend(before.keys().map(|n| n.to_string()));
         names.sort_unstable();
@@ -445,7 +455,7 @@ impl FileTransaction<'_> {
                 let offsets = match before.get(name.as_str()) {
                     Some(offsets) => offsets.clone(),
                     None => match store.read_newest(name)? {
-                        Some((_, stored_range, pool)) if same_range(&stored_range, &range) => pool.entries.iter().map(|e| e.offset).collect(),
+                        Some((_, stored_range, pool)) if same_range(&stored_range, &range) => reservations_in(&pool),
                         // Another network_name's pool whose name reads as ours too.
                         _ => continue,
                     },
@@ -461,17 +471,32 @@ impl FileTransaction<'_> {
     }
 }
 
-/// A pool's entries by offset, with the network that created each, if known.
+/// The offsets of a pool's entries that reserve their address for the
+/// overlapping pools of its `network_name`.
+fn reservations_in(pool: &Pool) -> Vec<u128> {
+    pool.entries.iter().map(|e| e.offset).filter(|o| !pool.unreserved.contains(o)).collect()
+}
+
+/// A pool's entries by offset, with the network that created each, if known,
+/// and those made without a reservation.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Stored {
     entries: BTreeMap<u128, Allocation>,
     created_by: BTreeMap<u128, Arc<str>>,
+    unreserved: BTreeSet<u128>,
 }
 
 /// `pool` after `changes` made on behalf of the CNI network `network`: an
 /// entry it inserts, or adopts for a new container, is recorded as that network's.
 fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) -> Result<Stored, DatastoreError> {
-    let mut stored = Stored { entries: pool.entries.into_iter().map(|a| (a.offset, a)).collect(), created_by: pool.created_by };
+    let mut stored = Stored { entries: pool.entries.into_iter().map(|a| (a.offset, a)).collect(), created_by: pool.created_by, unreserved: pool.unreserved };
+    let reserved_here: BTreeSet<u128> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Reserve { holder, .. } => Some(holder.offset),
+            _ => None,
+        })
+        .collect();
     let inconsistent = |detail: String| DatastoreError::Inconsistent { pool: pool_name.to_string(), detail };
     let record = |created_by: &mut BTreeMap<u128, Arc<str>>, offset: u128| {
         if !network.is_empty() {
@@ -483,10 +508,18 @@ fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) ->
         // Who created an entry: the network that inserted it, or that a new
         // container of the pod took it over for.
         match change {
-            Change::Insert(allocation) => record(&mut stored.created_by, allocation.offset),
+            Change::Insert(allocation) => {
+                record(&mut stored.created_by, allocation.offset);
+                // Inserted without a reservation: a network with
+                // `enable_overlapping_ranges: false` made it.
+                if !reserved_here.contains(&allocation.offset) {
+                    stored.unreserved.insert(allocation.offset);
+                }
+            }
             Change::SetContainerId { offset, .. } => record(&mut stored.created_by, *offset),
             Change::Remove { offset } => {
                 stored.created_by.remove(offset);
+                stored.unreserved.remove(offset);
             }
             Change::Keep { .. } | Change::Reserve { .. } | Change::Unreserve { .. } => {}
         }
@@ -498,7 +531,7 @@ fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) ->
 /// that created each where known (the version is the slot's, not set here).
 fn decode(path: &Path, bytes: &[u8]) -> Result<(String, Pool), DatastoreError> {
     let doc = PoolDocument::decode(bytes).map_err(|detail| DatastoreError::Corrupt { path: path.to_path_buf(), detail })?;
-    Ok((doc.range, Pool { entries: doc.entries, created_by: doc.created_by, ..Pool::default() }))
+    Ok((doc.range, Pool { entries: doc.entries, created_by: doc.created_by, unreserved: doc.unreserved, ..Pool::default() }))
 }
 
 /// `fdatasync` of every written pool file, one after the other: data-only
@@ -580,9 +613,10 @@ mod tests {
         let doc: serde_json::Value = serde_json::from_slice(&payload).unwrap();
         assert_eq!(doc["range"], "192.0.2.0/24");
         // One network created every entry: its name is written once, for the pool.
+        // Inserted without a reservation (overlapping ranges off), it says so.
         assert_eq!(
             (&doc["network"], &doc["allocations"]["1"]),
-            (&serde_json::json!("net"), &serde_json::json!({"id": "c1", "podref": "ns/p", "ifname": "eth0"}))
+            (&serde_json::json!("net"), &serde_json::json!({"id": "c1", "podref": "ns/p", "ifname": "eth0", "unreserved": true}))
         );
         fs::remove_dir_all(dir).unwrap();
     }
@@ -624,8 +658,13 @@ mod tests {
         let store = FileStore::new(&dir, "net");
         let wide = pool("192.0.2.0-24", "192.0.2.0/24");
         let inner = pool("192.0.2.16-28", "192.0.2.16/28");
-        let changes = [1, 17, 18, 40].map(|o| Change::Insert(alloc(o, "w"))).to_vec();
+        let changes = [1, 17, 18, 40].into_iter().flat_map(|o| reserving(&wide, Version::absent(), o, "w").changes).collect();
         store.commit_alone(&[PoolUpdate { pool: wide.clone(), expected: Version::absent(), changes }], soon()).unwrap();
+        // An entry made without a reservation (a network with overlapping ranges
+        // off) is none: .20, offset 4 of the /28, stays free for it.
+        store
+            .commit_alone(&[PoolUpdate { pool: wide.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(20, "off"))] }], soon())
+            .unwrap();
         // .17 is offset 1 of the /28: refused, and all the /24 holds inside it is
         // reserved for the rest of the cycle.
         let mut tx = store.begin(&[inner.clone(), wide.clone()], Purpose::Update, soon()).unwrap();
@@ -636,14 +675,15 @@ mod tests {
         assert_eq!(reserved(&mut tx), [vec![1, 2], vec![]]);
         assert_eq!(tx.commit(&[reserving(&inner, Version::absent(), 3, "n")]).unwrap(), Outcome::Committed);
         // The other way round, and the commit's own pools count as read.
-        let both = [reserving(&wide, Version("1".into()), 19, "m"), reserving(&inner, Version("1".into()), 4, "m")];
+        let both = [reserving(&wide, Version("2".into()), 19, "m"), reserving(&inner, Version("1".into()), 5, "m")];
         assert!(matches!(tx.commit(&both).unwrap(), Outcome::Retry(Retry::Reserved { .. })));
         assert_eq!(reserved(&mut tx), [vec![1, 2], vec![19]]);
+        assert_eq!(tx.commit(&[reserving(&inner, Version("1".into()), 4, "m")]).unwrap(), Outcome::Committed, "unreserved .20");
         drop(tx);
         // Without a reservation (option off), another network_name, or a range
         // that does not overlap, nothing is in the way.
         store
-            .commit_alone(&[PoolUpdate { pool: inner.clone(), expected: Version("1".into()), changes: vec![Change::Insert(alloc(2, "off"))] }], soon())
+            .commit_alone(&[PoolUpdate { pool: inner.clone(), expected: Version("2".into()), changes: vec![Change::Insert(alloc(2, "off"))] }], soon())
             .unwrap();
         store.commit_alone(&[reserving(&pool("blue-192.0.2.16-28", "192.0.2.16/28"), Version::absent(), 1, "b")], soon()).unwrap();
         store.commit_alone(&[reserving(&pool("198.51.100.0-24", "198.51.100.0/24"), Version::absent(), 1, "o")], soon()).unwrap();

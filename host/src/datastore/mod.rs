@@ -65,6 +65,11 @@ pub struct Pool {
     /// GC. An entry without one (any other store; a file-store entry written
     /// before thereabouts recorded it) has no known creator.
     pub created_by: BTreeMap<u128, Arc<str>>,
+    /// The offsets whose entry was made without a reservation (by a network
+    /// with `enable_overlapping_ranges: false`), where the store records it:
+    /// only the file store, whose overlapping pools are each other's
+    /// reservations, needs to (see `file_overlap`).
+    pub unreserved: std::collections::BTreeSet<u128>,
     /// Offsets someone else holds outside this pool, as far as this cycle found
     /// out (an address an overlapping range of another pool holds, or one a
     /// racing writer just reserved): the planner treats them as taken. Found by

@@ -6,12 +6,14 @@
 //! JSON names, in its field order), keys in ascending numeric order. The file
 //! store also records the CNI network that created each entry (`network`): once
 //! for the pool when one network created every entry (the usual pool), per
-//! entry otherwise. The Kubernetes store writes the same entry shape
+//! entry otherwise; and each entry made without a reservation (by a network
+//! with `enable_overlapping_ranges: false`) as `"unreserved": true`, so that an
+//! overlapping pool does not count it as one. The Kubernetes store writes the same entry shape
 //! ([`entry_value`]) but reads `IPPool` objects as whereabouts does, keys it
 //! wrote before v0.5 included (`kubernetes::crd::parse_pool`).
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -26,6 +28,8 @@ pub struct PoolDocument {
     pub range: String,
     pub entries: Vec<Allocation>,
     pub created_by: BTreeMap<u128, Arc<str>>,
+    /// The offsets whose entry was made without a reservation.
+    pub unreserved: BTreeSet<u128>,
 }
 
 /// The document on the wire. Typed, with strings borrowed from the input where
@@ -57,11 +61,20 @@ struct WireEntry<'a> {
     /// field, not into an `Option<Cow<str>>`, and this is read for every entry.
     #[serde(borrow, default, skip_serializing_if = "str::is_empty")]
     network: Cow<'a, str>,
+    /// Made without a reservation: not one for an overlapping pool.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    unreserved: bool,
 }
 
 impl<'a> WireEntry<'a> {
-    fn of(a: &'a Allocation, network: &'a str) -> Self {
-        WireEntry { id: Cow::Borrowed(&a.container_id), podref: Cow::Borrowed(&a.pod_ref), ifname: Cow::Borrowed(&a.ifname), network: Cow::Borrowed(network) }
+    fn of(a: &'a Allocation, network: &'a str, unreserved: bool) -> Self {
+        WireEntry {
+            id: Cow::Borrowed(&a.container_id),
+            podref: Cow::Borrowed(&a.pod_ref),
+            ifname: Cow::Borrowed(&a.ifname),
+            network: Cow::Borrowed(network),
+            unreserved,
+        }
     }
 }
 
@@ -73,13 +86,25 @@ pub enum Format {
 }
 
 /// The document of a pool of `range` holding `entries` (by offset), each
-/// created by the network `created_by` names, where known.
-pub fn encode(range: &str, entries: &BTreeMap<u128, Allocation>, created_by: &BTreeMap<u128, Arc<str>>, format: Format) -> Vec<u8> {
+/// created by the network `created_by` names, where known, the entries at
+/// `unreserved` made without a reservation.
+pub fn encode(
+    range: &str,
+    entries: &BTreeMap<u128, Allocation>,
+    created_by: &BTreeMap<u128, Arc<str>>,
+    unreserved: &BTreeSet<u128>,
+    format: Format,
+) -> Vec<u8> {
     let mut creators = created_by.values();
     let first = creators.next();
     let every = first.filter(|n| created_by.len() == entries.len() && creators.all(|m| m == *n)).map_or("", |n| &**n);
-    let allocations =
-        entries.iter().map(|(&offset, a)| (offset, WireEntry::of(a, if every.is_empty() { created_by.get(&offset).map_or("", |n| n) } else { "" }))).collect();
+    let allocations = entries
+        .iter()
+        .map(|(&offset, a)| {
+            let network = if every.is_empty() { created_by.get(&offset).map_or("", |n| n) } else { "" };
+            (offset, WireEntry::of(a, network, unreserved.contains(&offset)))
+        })
+        .collect();
     let wire = Wire { range: Cow::Borrowed(range), network: Cow::Borrowed(every), allocations };
     match format {
         Format::Pretty => crate::json::pretty(&wire).into_bytes(),
@@ -101,6 +126,7 @@ impl PoolDocument {
         // from a handful of networks.
         let mut networks: Vec<Arc<str>> = Vec::new();
         let mut created_by = BTreeMap::new();
+        let mut unreserved = BTreeSet::new();
         let every = wire.network;
         let entries = wire
             .allocations
@@ -115,17 +141,20 @@ impl PoolDocument {
                     });
                     created_by.insert(offset, network);
                 }
+                if e.unreserved {
+                    unreserved.insert(offset);
+                }
                 Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() }
             })
             .collect();
-        Ok(PoolDocument { range: wire.range.into_owned(), entries, created_by })
+        Ok(PoolDocument { range: wire.range.into_owned(), entries, created_by, unreserved })
     }
 }
 
 /// One entry as a pool document holds it, for stores that write entries one
 /// by one (the Kubernetes JSON patches).
 pub fn entry_value(a: &Allocation) -> serde_json::Value {
-    serde_json::to_value(WireEntry::of(a, "")).unwrap_or_default()
+    serde_json::to_value(WireEntry::of(a, "", false)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -149,13 +178,19 @@ mod tests {
         let wide = u128::from(u64::MAX) + 7;
         let (entries, created_by) = (by_offset(&[alloc(wide, "x\"y"), alloc(2, "b")]), creators(&[(wide, "net-a")]));
         for format in [Format::Pretty, Format::Compact] {
-            let bytes = encode("2001:db8::/64", &entries, &created_by, format);
+            let bytes = encode("2001:db8::/64", &entries, &created_by, &BTreeSet::from([2]), format);
             let text = String::from_utf8(bytes.clone()).unwrap();
             assert!(text.find("\"2\"").unwrap() < text.find("\"18446744073709551622\"").unwrap(), "{text}");
             let read = PoolDocument::decode(&bytes).unwrap();
-            assert_eq!(read, PoolDocument { range: "2001:db8::/64".into(), entries: entries.values().cloned().collect(), created_by: created_by.clone() });
+            let want = PoolDocument {
+                range: "2001:db8::/64".into(),
+                entries: entries.values().cloned().collect(),
+                created_by: created_by.clone(),
+                unreserved: BTreeSet::from([2]),
+            };
+            assert_eq!(read, want);
         }
-        let compact = String::from_utf8(encode("2001:db8::/64", &by_offset(&[alloc(2, "b")]), &BTreeMap::new(), Format::Compact)).unwrap();
+        let compact = String::from_utf8(encode("2001:db8::/64", &by_offset(&[alloc(2, "b")]), &BTreeMap::new(), &BTreeSet::new(), Format::Compact)).unwrap();
         assert_eq!(compact, r#"{"range":"2001:db8::/64","allocations":{"2":{"id":"b","podref":"ns/p","ifname":"eth0"}}}"#);
         assert_eq!(entry_value(&alloc(2, "b")), serde_json::json!({"id": "b", "podref": "ns/p", "ifname": "eth0"}));
     }
@@ -164,7 +199,7 @@ mod tests {
     fn the_creating_network_is_written_once_when_it_made_every_entry() {
         let entries = by_offset(&[alloc(1, "a"), alloc(2, "b")]);
         for (pairs, uniform) in [(&[(1, "net-a"), (2, "net-a")][..], true), (&[(1, "net-a"), (2, "net-b")], false), (&[(2, "net-a")], false), (&[], false)] {
-            let bytes = encode("192.0.2.0/24", &entries, &creators(pairs), Format::Compact);
+            let bytes = encode("192.0.2.0/24", &entries, &creators(pairs), &BTreeSet::new(), Format::Compact);
             let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
             assert_eq!(json.get("network").is_some(), uniform, "{json}");
             assert_eq!(PoolDocument::decode(&bytes).unwrap().created_by, creators(pairs));

@@ -137,7 +137,11 @@ mod tests {
     #[test]
     fn a_group_writable_artifact_is_refused() {
         let (dir, policy) = cache_with(0o664);
-        assert!(matches!(trusted_artifact(&policy, &dir.path().join("cache")), Err(LoadError::Untrusted { .. })));
+        let refused = trusted_artifact(&policy, &dir.path().join("cache"));
+        assert!(
+            matches!(&refused, Err(LoadError::Untrusted { path, why }) if path.extension().is_some_and(|e| e == "cwasm") && why == "mode 664 lets others write it"),
+            "{refused:?}"
+        );
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! (artifact checked, settings validated), then asked which ranges the
 //! attachment gets and, per range, which address; their answers merged into
 //! the engine's `guidance`. `on_error` and `mode` are applied here and
-//! nowhere else: a failure of an `ignore` policy, and every answer of a
-//! `monitor` one, is logged and leaves the built-in choice.
+//! nowhere else: a failure of an `ignore` policy, and every answer and every
+//! failure of a `monitor` one, is logged and leaves the built-in choice.
 
 use std::collections::BTreeSet;
 
@@ -73,13 +73,13 @@ impl<'e> Policies<'e> {
             let checked = std::time::Instant::now();
             let loaded = found.and_then(|a| engine.load(&a, config.timeout_ms, config.memory_mib).map(|p| (p, a)));
             let ready = std::time::Instant::now();
-            let (policy, artifact) = match loaded {
-                Ok(loaded) => loaded,
-                Err(e) if config.on_error == PolicyOnError::Ignore => {
-                    logging::error(format!("policy {:?} not loaded, ignored (on_error: ignore): {e}", config.name));
+            let (policy, artifact) = match (loaded, tolerated(config)) {
+                (Ok(loaded), _) => loaded,
+                (Err(e), Some(why)) => {
+                    logging::error(format!("policy {:?} not loaded, ignored ({why}): {e}", config.name));
                     continue;
                 }
-                Err(source) => return Err(PolicyStop::Load { policy: config.name.clone(), source }),
+                (Err(source), None) => return Err(PolicyStop::Load { policy: config.name.clone(), source }),
             };
             let ask = || hooks::validate_settings(&policy, &config.settings);
             let validated = if remembered { validated(&cache, &artifact, config, ask) } else { ask() };
@@ -102,6 +102,22 @@ impl<'e> Policies<'e> {
     /// What the policies need to see of the pod, together.
     pub fn needs(&self) -> Needs {
         self.active.iter().fold(Needs::default(), |a, p| Needs { labels: a.labels || p.needs.labels, annotations: a.annotations || p.needs.annotations })
+    }
+
+    /// The pod's labels and annotations could not be read (`unreadable`):
+    /// the policies that need them and may fail ([`tolerated`]) are left out,
+    /// logged; one that needs them and may not fail stops the ADD.
+    pub fn without_pod(&mut self, unreadable: PolicyStop) -> Result<(), PolicyStop> {
+        let needs_pod = |p: &Active| p.needs.labels || p.needs.annotations;
+        if self.active.iter().any(|p| needs_pod(p) && tolerated(p.config).is_none()) {
+            return Err(unreadable);
+        }
+        for p in self.active.iter().filter(|p| needs_pod(p)) {
+            let why = tolerated(p.config).unwrap_or_default();
+            logging::error(format!("policy {:?} not run, ignored ({why}): {unreadable}", p.config.name));
+        }
+        self.active.retain(|p| !needs_pod(p));
+        Ok(())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -268,11 +284,22 @@ pub fn guidance(selection: Option<Vec<u32>>, merged: &[Merged]) -> Guidance {
     Guidance { ranges: selection, picks: merged.iter().map(|m| m.pick.clone()).collect() }
 }
 
-/// `on_error` of one failed call: `deny` stops the ADD, `ignore` logs.
+/// Why a failure of this policy does not stop the ADD, if it does not: a
+/// policy on trial (`mode: monitor`) can never stop a pod, whatever its
+/// `on_error`; an enforcing one only with `on_error: ignore`.
+fn tolerated(config: &PolicyConfig) -> Option<&'static str> {
+    match (config.mode, config.on_error) {
+        (PolicyMode::Monitor, _) => Some("mode: monitor"),
+        (PolicyMode::Enforce, PolicyOnError::Ignore) => Some("on_error: ignore"),
+        (PolicyMode::Enforce, PolicyOnError::Deny) => None,
+    }
+}
+
+/// One failed call: logged with its cause when [`tolerated`], else it stops the ADD.
 fn fail(config: &PolicyConfig, hook: Hook, failure: CallFailure) -> Result<(), PolicyStop> {
     let error = PolicyError { policy: config.name.clone(), hook, failure };
-    if config.on_error == PolicyOnError::Ignore {
-        logging::error(format!("{error}; ignored (on_error: ignore), the built-in choice stands"));
+    if let Some(why) = tolerated(config) {
+        logging::error(format!("{error}; ignored ({why}), the built-in choice stands"));
         return Ok(());
     }
     Err(PolicyStop::Failed(error))

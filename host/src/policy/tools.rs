@@ -159,7 +159,7 @@ fn run_policies(path: &Path, pod: &str, ifname: &str, container_id: &str, labels
             Ok(0)
         }
         Err(e) => {
-            println!("{pod} {ifname}: no addresses: {e:#}");
+            println!("{pod} {ifname}: no addresses: {}", crate::causes::describe(&e));
             Ok(1)
         }
     }

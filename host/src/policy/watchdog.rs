@@ -115,6 +115,10 @@ mod tests {
         let armed = w.arm(Duration::from_millis(5));
         std::thread::sleep(Duration::from_millis(50));
         assert!(armed.expired());
+        assert_eq!(w.state().fired, 1, "one tick for one deadline, however long it is left armed");
+        drop(armed);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(w.state().fired, 1, "nothing armed, nothing more fired");
     }
 
     #[test]

@@ -94,10 +94,9 @@ fn concurrent_dual_stack_adds_and_dels_never_duplicate() {
 
     // A repeated ADD for a live attachment must not allocate anything new.
     let again = Call::pod("ADD", "conc-w0-i0", "pod-w0-i0").run(&bin, &conf);
-    if again.ok() {
-        let ips: Vec<IpAddr> = again.ips().iter().map(|s| addr_of(s)).collect();
-        assert_eq!(ips, expect["conc-w0-i0"], "repeated ADD (whereabouts: idempotent on podRef+ifname) returned other addresses");
-    }
+    again.expect_ok("repeated ADD of a live attachment");
+    let ips: Vec<IpAddr> = again.ips().iter().map(|s| addr_of(s)).collect();
+    assert_eq!(ips, expect["conc-w0-i0"], "repeated ADD (whereabouts: idempotent on podRef+ifname) returned other addresses");
     let (pools, _) = read_store(&data).unwrap();
     assert_eq!(count_allocs(&pools), 2 * n, "a repeated ADD changed the number of allocations");
 
@@ -124,6 +123,32 @@ fn concurrent_dual_stack_adds_and_dels_never_duplicate() {
         others.len(),
         others_after.len()
     );
+}
+
+/// Lowest free first under any concurrency: 16 ADDs at once on pools that do
+/// not exist yet (in a data dir that does not exist, then in an empty one) get
+/// exactly the addresses 16 calls one at a time would, in both ranges.
+#[test]
+fn concurrent_adds_on_a_new_pool_are_lowest_free() {
+    let bin = thereabouts_bin();
+    let tmp = TempDir::new("newpool");
+    let want4: Vec<String> = (1..=16).map(|i| format!("192.0.2.{i}/27")).collect();
+    let want6: Vec<String> = (1..=16).map(|i| format!("2001:db8:a::{i:x}/64")).collect();
+    for round in 0..6 {
+        let data = tmp.path().join(format!("data-{round}"));
+        if round % 2 == 1 {
+            std::fs::create_dir_all(&data).unwrap();
+        }
+        let conf = thereabouts_conf("1.1.0", "thab-newpool", &data, None, &["192.0.2.0/27", "2001:db8:a::/64"]).to_string();
+        let adds = fan_out(16, 1, |w, _| Call::pod("ADD", &format!("np{round}-{w}"), &format!("np{round}-{w}")).run(&bin, &conf));
+        assert_all_succeeded(&adds, "concurrent ADDs on a new pool");
+        let mut got4: Vec<String> = adds.iter().map(|o| o.ips()[0].clone()).collect();
+        let mut got6: Vec<String> = adds.iter().map(|o| o.ips()[1].clone()).collect();
+        let by_addr = |a: &String| addr_of(a);
+        got4.sort_by_key(by_addr);
+        got6.sort_by_key(by_addr);
+        assert_eq!((got4, got6), (want4.clone(), want6.clone()), "round {round} (data dir existed: {})", round % 2 == 1);
+    }
 }
 
 /// Contention at exhaustion: more concurrent ADDs than IPv4 addresses. Every address goes

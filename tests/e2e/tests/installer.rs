@@ -165,6 +165,7 @@ fn installs_binary_flat_file_and_kubeconfig() {
         flat,
         json!({
             "datastore": "kubernetes",
+            "configuration_path": "/etc/cni/net.d/thereabouts.d",
             "kubernetes": {"kubeconfig": "/etc/cni/net.d/thereabouts.d/thereabouts.kubeconfig"}
         })
     );
@@ -321,6 +322,44 @@ fn errors_exit_1_and_leave_installed_files_alone() {
 }
 
 #[test]
+fn a_flat_file_the_plugin_refuses_installs_nothing() {
+    let node = Node::new("installer-flat-bad");
+    let out = node.run(&["--once"], &[("FLAT_FILE", r#"{"datastore":"kubernetes","log_level":7}"#)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("refuses FLAT_FILE: ipam.log_level: expected a string"), "{stderr}");
+    assert!(!node.bin().join("thereabouts").exists() && !node.flat_file().exists());
+    assert_eq!(node.leftovers(), Vec::<PathBuf>::new());
+    let out = node.run(&["--once"], &[("FLAT_FILE", "datastore=etcd")]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a JSON object"));
+}
+
+#[test]
+fn a_given_flat_file_and_etcd_certificates_are_installed() {
+    let node = Node::new("installer-flat-etcd");
+    let tls = node.dir.sub("etcd-tls");
+    std::fs::write(tls.join("ca.crt"), CA).unwrap();
+    std::fs::write(tls.join("tls.key"), "key").unwrap();
+    let flat = r#"{"datastore":"etcd","etcd_host":"https://192.0.2.1:2379","etcd_key_file":"/etc/cni/net.d/thereabouts.d/etcd/tls.key"}"#;
+    node.once(&[("FLAT_FILE", flat), ("ETCD_TLS_DIR", tls.to_str().unwrap())]);
+    assert_eq!(std::fs::read_to_string(node.flat_file()).unwrap(), format!("{flat}\n"));
+    let etcd = node.conf().join("thereabouts.d/etcd");
+    assert_eq!((mode(&etcd), mode(&etcd.join("tls.key")), mode(&etcd.join("ca.crt"))), (0o700, 0o600, 0o600));
+    assert_eq!(std::fs::read_to_string(etcd.join("ca.crt")).unwrap(), CA);
+    assert!(!etcd.join("tls.crt").exists(), "only the certificates present are copied");
+}
+
+#[test]
+fn the_node_name_is_written_where_the_plugin_looks_for_it() {
+    let node = Node::new("installer-nodename");
+    node.once(&[("NODENAME", "worker-1.example")]);
+    assert_eq!(std::fs::read_to_string(node.conf().join("thereabouts.d/nodename")).unwrap(), "worker-1.example\n");
+    let out = node.run(&["--once"], &[("NODENAME", "Worker_1")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a Node name"));
+}
+
+#[test]
 fn loop_follows_token_rotation_and_stops_on_sigterm() {
     let node = Node::new("installer-loop");
     let mut child = node.command(&[], &[("RESYNC_SECONDS", "1")]).stderr(Stdio::piped()).spawn().unwrap();
@@ -374,10 +413,7 @@ fn loop_follows_token_rotation_and_stops_on_sigterm() {
 
 #[test]
 fn shellcheck_is_clean() {
-    let Ok(out) = Command::new("shellcheck").args(["-s", "sh"]).arg(script()).output() else {
-        eprintln!("shellcheck not installed: skipped (tests/host-e2e.sh installs it)");
-        return;
-    };
+    let out = Command::new("shellcheck").args(["-s", "sh"]).arg(script()).output().expect("shellcheck (tests/host-e2e.sh installs it)");
     assert!(out.status.success(), "shellcheck:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 

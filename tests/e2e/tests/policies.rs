@@ -244,6 +244,32 @@ fn on_error_ignore_and_monitor_mode_fall_back_to_the_built_in_choice() {
 }
 
 #[test]
+fn a_policy_in_monitor_mode_never_stops_an_add_or_a_preview_pod() {
+    let s = Setup::new("policy-monitor", &["hostile-fixtures"]);
+    let failing = [
+        ("pick-address", "trap", json!({})),
+        ("pick-address", "loop", json!({})),
+        ("pick-address", "memory-bomb", json!({})),
+        ("select-ranges", "recursion", json!({})),
+        ("pick-address", "taken", json!({"address": "192.0.2.1"})),
+        ("validate-settings", "reject-settings", json!({})),
+    ];
+    for (i, (hook, what, extra)) in failing.into_iter().enumerate() {
+        // `on_error` left at its default, deny: monitor mode alone must keep the pod.
+        let mut trial = hostile(hook, what, extra);
+        trial[0]["mode"] = json!("monitor");
+        let conf = s.conf(trial);
+        let pod = format!("m-{i}");
+        assert_eq!(s.add(&pod, &pod, &conf), [format!("192.0.2.{}/24", i + 1), format!("2001:db8::{}/64", i + 1)], "{hook} {what}");
+        let report = preview(&s, &conf, &["--pods", "1", "--from-datastore"]);
+        assert_eq!(report["pods"][0]["failure"], Value::Null, "preview, {hook} {what}: {}", report["pods"][0]);
+    }
+    // Not even compiled: a trial policy that cannot load is logged and skipped.
+    let missing = json!([{"name": "gone", "path": "/nonexistent/gone.wasm", "mode": "monitor"}]);
+    assert_eq!(s.add("m-gone", "m-gone", &s.conf(missing)), ["192.0.2.7/24", "2001:db8::7/64"]);
+}
+
+#[test]
 fn a_policy_not_compiled_is_a_clear_config_error_and_nothing_is_written() {
     let s = Setup::new("policy-uncompiled", &[]);
     let out = s.run("ADD", "p1", "c1", &s.conf(json!([entry("sticky", "sticky-ordinal", json!({}))])));

@@ -5,7 +5,8 @@
 
 use tonic::Code;
 
-use crate::datastore::failure::{Class, cause_chain};
+use crate::causes::cause_chain;
+use crate::datastore::failure::Class;
 
 /// Texts etcd answers a bad user, password or token with (its auth errors are
 /// `InvalidArgument`, `FailedPrecondition` or `PermissionDenied` gRPC statuses).

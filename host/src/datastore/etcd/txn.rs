@@ -146,7 +146,10 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
             }
         }
         if pool_changed {
-            txn.writes.push(Write::Put { key: pool_key, value: pool_document::encode(&value.range, &entries, &BTreeMap::new(), Format::Compact) });
+            txn.writes.push(Write::Put {
+                key: pool_key,
+                value: pool_document::encode(&value.range, &entries, &BTreeMap::new(), &Default::default(), Format::Compact),
+            });
         }
     }
     Ok(txn)

@@ -4,7 +4,8 @@
 
 use kube::core::Status;
 
-use crate::datastore::failure::{Class, cause_chain};
+use crate::causes::cause_chain;
+use crate::datastore::failure::Class;
 
 /// The class of an HTTP status an API call answered with: 401 and 403 are
 /// denied; 408, 429 and 5xx transient; any other answer (400, 404 of a resource

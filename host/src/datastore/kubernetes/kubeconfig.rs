@@ -6,7 +6,7 @@ use std::path::Path;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::datastore::failure::cause_chain;
+use crate::causes::cause_chain;
 
 /// Where pools and reservations live when the current context names no namespace.
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
