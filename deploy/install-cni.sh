@@ -55,6 +55,17 @@
 #   POLICY_CACHE_DIR         the host's policy cache, as mounted here (the plugin's
 #                            /var/lib/thereabouts/policies; must belong to root)
 #                                             [/host/var/lib/thereabouts/policies]
+#   NODENAME                 the Node's name (the DaemonSet passes spec.nodeName), written
+#                            to thereabouts.d/nodename, where the plugin looks for it
+#                            (node slices) when the runtime passes no NODENAME     []
+#   FLAT_FILE                the flat file's content, a JSON object (the chart
+#                            renders it from its flatFile values). Checked by the
+#                            plugin (`thereabouts preview`) before it is written;
+#                            refused, nothing is installed. Empty: the Kubernetes
+#                            datastore with the kubeconfig of step 3          []
+#   ETCD_TLS_DIR             etcd client certificates (ca.crt, tls.crt, tls.key,
+#                            those present) to copy, 0600, into
+#                            CNI_CONF_DIR/thereabouts.d/etcd/ for FLAT_FILE to name []
 #
 # Exit status: 0 after --once or on SIGTERM/SIGINT; 1 on a usage or install
 # error (in the loop, a failed check is logged and retried instead).
@@ -74,6 +85,9 @@ RESYNC_SECONDS=${RESYNC_SECONDS:-30}
 POLICY_DIR=${POLICY_DIR:-/opt/thereabouts/policies}
 POLICY_COMPILER=${POLICY_COMPILER:-/opt/thereabouts/thereabouts-policy-compiler}
 POLICY_CACHE_DIR=${POLICY_CACHE_DIR:-/host/var/lib/thereabouts/policies}
+FLAT_FILE=${FLAT_FILE:-}
+NODENAME=${NODENAME:-}
+ETCD_TLS_DIR=${ETCD_TLS_DIR:-}
 
 # Temporary file being written, removed if we stop half-way.
 pending=
@@ -239,16 +253,65 @@ current-context: thereabouts
 EOF
 }
 
-# write_flat_file DEST: the flat file (same keys as a network's `ipam` section).
+# write_flat_file DEST: the flat file (same keys as a network's `ipam` section):
+# FLAT_FILE, or by default the Kubernetes datastore with step 3's kubeconfig.
 write_flat_file() {
+  if [ -n "$FLAT_FILE" ]; then
+    printf '%s\n' "$FLAT_FILE" | write_file "$1" 0644
+    return 0
+  fi
   write_file "$1" 0644 <<EOF
 {
   "datastore": "kubernetes",
+  "configuration_path": "$HOST_CNI_CONF_DIR/thereabouts.d",
   "kubernetes": {
     "kubeconfig": "$HOST_CNI_CONF_DIR/thereabouts.d/thereabouts.kubeconfig"
   }
 }
 EOF
+}
+
+# check_flat_file: the plugin reads FLAT_FILE as it would on a CNI call (a
+# network of one range naming it as configuration_path) and must accept it: a
+# wrong type, an unknown datastore or a relative path is refused here, with the
+# plugin's message, instead of failing every pod's ADD later. The two files go to
+# the conf dir (the container's root is read-only) and are removed.
+check_flat_file() {
+  [ -n "$FLAT_FILE" ] || return 0
+  case $FLAT_FILE in
+    '{'*'}') ;;
+    *) die "FLAT_FILE is not a JSON object: '$FLAT_FILE'" ;;
+  esac
+  [ -x "$THEREABOUTS_BINARY" ] || die "plugin binary $THEREABOUTS_BINARY not found (it checks FLAT_FILE)"
+  check=$CNI_CONF_DIR/.thereabouts-flat-file-check.$$
+  printf '%s\n' "$FLAT_FILE" >"$check.json" || die "could not write $check.json"
+  printf '{"cniVersion":"1.0.0","name":"flat-file-check","type":"thereabouts","ipam":{"type":"thereabouts","range":"192.0.2.0/30","configuration_path":"%s.json"}}\n' "$check" >"$check.conf" ||
+    die "could not write $check.conf"
+  if verdict=$("$THEREABOUTS_BINARY" preview --config "$check.conf" 2>&1 >/dev/null); then status=0; else status=$?; fi
+  rm -f "$check.json" "$check.conf"
+  [ $status -eq 0 ] || die "the plugin refuses FLAT_FILE: ${verdict#*"$check.conf": }"
+}
+
+# install_etcd_tls: ETCD_TLS_DIR's certificates copied into thereabouts.d/etcd/.
+install_etcd_tls() {
+  [ -n "$ETCD_TLS_DIR" ] || return 0
+  [ -d "$ETCD_TLS_DIR" ] || die "ETCD_TLS_DIR $ETCD_TLS_DIR is not a directory (is the Secret mounted?)"
+  make_dir "$CNI_CONF_DIR/thereabouts.d/etcd"
+  chmod 0700 "$CNI_CONF_DIR/thereabouts.d/etcd" || die "chmod 0700 $CNI_CONF_DIR/thereabouts.d/etcd failed"
+  for f in ca.crt tls.crt tls.key; do
+    [ -f "$ETCD_TLS_DIR/$f" ] || continue
+    write_file "$CNI_CONF_DIR/thereabouts.d/etcd/$f" 0600 <"$ETCD_TLS_DIR/$f"
+  done
+}
+
+# write_nodename: thereabouts.d/nodename from NODENAME (node slices key a node's
+# slices by its Node name, which the host name need not be).
+write_nodename() {
+  [ -n "$NODENAME" ] || return 0
+  case $NODENAME in
+    *[!a-z0-9.-]* | [.-]* | *[.-]) die "NODENAME '$NODENAME' is not a Node name" ;;
+  esac
+  printf '%s\n' "$NODENAME" | write_file "$CNI_CONF_DIR/thereabouts.d/nodename" 0644
 }
 
 # make_dir DIR: DIR (and its parents) created if absent, mode 0755.
@@ -329,9 +392,12 @@ install_all() {
   done
   mkdir -p "$CNI_CONF_DIR/thereabouts.d" || die "could not create $CNI_CONF_DIR/thereabouts.d"
 
+  check_flat_file
   install_policies
   install_binary thereabouts
+  install_etcd_tls
   write_kubeconfig
+  write_nodename
   write_flat_file "$CNI_CONF_DIR/thereabouts.d/thereabouts.conf"
   if is_true INSTALL_AS_WHEREABOUTS "$INSTALL_AS_WHEREABOUTS"; then
     install_binary whereabouts

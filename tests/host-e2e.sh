@@ -14,14 +14,23 @@ need=()
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || need+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
+# The image (tests/e2e/tests/image.rs): its busybox, and the tools that check and run it.
+dpkg-query -W busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+for tool in skopeo umoci runc oci-image-tool; do
+  command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
+done
+# The arm64 image's binaries run under user-mode emulation (no binfmt needed).
+command -v qemu-aarch64-static >/dev/null 2>&1 || need+=(qemu-user-static)
 if ((${#need[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# The plugin as it ships (static musl build) at target/plugin/thereabouts.
+# The plugin as it ships (static musl build) at target/plugin/thereabouts, and
+# cross-built for arm64 at target/plugin-arm64/ (the multi-architecture image).
 bash scripts/build-plugin.sh -q >/dev/null
+PLUGIN_ARCH=arm64 bash scripts/build-plugin.sh -q >/dev/null
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

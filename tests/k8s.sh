@@ -21,6 +21,20 @@ whereabouts_dir=$(sed -n 1p <<<"$peers")
 toxiproxy_dir=$(sed -n 2p <<<"$peers")
 echo "whereabouts: $whereabouts_dir; toxiproxy: $toxiproxy_dir"
 export THEREABOUTS_WHEREABOUTS_DIR="$whereabouts_dir" THEREABOUTS_TOXIPROXY_DIR="$toxiproxy_dir"
+# The chart's registry round trip (tests/chart.rs): a loopback registry, skopeo, and
+# the image's busybox.
+need=()
+command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)
+command -v skopeo >/dev/null 2>&1 || need+=(skopeo)
+dpkg-query -W busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+if ((${#need[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+THEREABOUTS_TOOLS=$(bash tests/k8s-bins/build-tools.sh)
+echo "helm, kubeconform, ct and schemas: $THEREABOUTS_TOOLS"
+export THEREABOUTS_TOOLS THEREABOUTS_HELM="$THEREABOUTS_TOOLS/helm"
 # The Rust target and the build's Debian packages (C toolchain, protoc), when missing.
 source scripts/setup-rust.sh
 # tests/datastore.rs, tests/burst.rs and the etcd tests run the shipped plugin binary

@@ -210,9 +210,14 @@ impl Controller {
         self.child.id()
     }
 
+    /// Its whole `/metrics` page, as Prometheus would scrape it.
+    pub fn scrape(&self) -> Result<String> {
+        http_get(self.metrics_port, "/metrics")
+    }
+
     /// One sample of its `/metrics` (`name{labels}` as written), 0 when absent.
     pub fn metric(&self, sample: &str) -> Result<f64> {
-        let text = http_get(self.metrics_port, "/metrics")?;
+        let text = self.scrape()?;
         Ok(text.lines().find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0.0))
     }
 

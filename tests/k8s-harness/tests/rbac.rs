@@ -368,17 +368,24 @@ async fn manifests_pass_strict_server_side_validation() {
     // The controller: its identity, cluster reads, namespaced writes and Deployment,
     // all in the plugin's namespace, running the binary where the image puts it.
     let control = strict_apply(&admin, &deploy_dir().join("controller.yaml")).await;
-    let kinds: Vec<String> = control.iter().map(|o| o.types.as_ref().unwrap().kind.clone()).collect();
-    assert_eq!(kinds, ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service"]);
-    let deployment = &control[5];
+    let kind_of = |o: &kube::api::DynamicObject| o.types.as_ref().unwrap().kind.clone();
+    let mut kinds: Vec<String> = control.iter().map(kind_of).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]);
+    let deployment = control.iter().find(|o| kind_of(o) == "Deployment").unwrap();
     // The metrics Service selects the Deployment's pods, on the port its probes use.
-    let service = &control[6];
+    let service = control.iter().find(|o| kind_of(o) == "Service").unwrap();
     assert_eq!(service.data["spec"]["selector"], deployment.data["spec"]["template"]["metadata"]["labels"]);
     let container = &deployment.data["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["ports"][0]["name"], service.data["spec"]["ports"][0]["targetPort"]);
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(deployment.data["spec"]["template"]["spec"]["serviceAccountName"], "thereabouts-controller");
-    assert_eq!(deployment.data["spec"]["template"]["spec"]["containers"][0]["command"], json!(["/opt/thereabouts/thereabouts", "controller"]));
+    let command = &deployment.data["spec"]["template"]["spec"]["containers"][0]["command"];
+    assert_eq!(command, &json!(["/opt/thereabouts/thereabouts", "controller", "--reconcile-interval-seconds=300"]));
+    // The binary takes that command line (clap refuses an unknown flag before it prints help).
+    let args: Vec<&str> = command.as_array().unwrap()[1..].iter().map(|a| a.as_str().unwrap()).collect();
+    let parsed = std::process::Command::new(thereabouts_e2e::thereabouts_bin()).args(&args).arg("--help").output().unwrap();
+    assert!(parsed.status.success(), "{}", String::from_utf8_lossy(&parsed.stderr));
 
     // Stored as written, in the namespace of the Role and ServiceAccount.
     let ds = Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE).get("thereabouts").await.expect("the DaemonSet is stored");

@@ -70,10 +70,14 @@ struct Options {
     /// Apply `deploy/flowcontrol.yaml` (the default; `--without-flowcontrol`
     /// measures the apiserver without it).
     flowcontrol: bool,
+    /// Apply the chart's ValidatingAdmissionPolicies (`deploy/admission.yaml`)
+    /// first (`--admission-policies`): the plugin is exempt, and must pay nothing.
+    admission_policies: bool,
 }
 
 fn parse_options() -> Result<Options> {
-    let mut o = Options { pods: 200, rounds: 3, sequential: 20, timeout: Duration::from_secs(120), dump_metrics: None, flowcontrol: true };
+    let mut o =
+        Options { pods: 200, rounds: 3, sequential: 20, timeout: Duration::from_secs(120), dump_metrics: None, flowcontrol: true, admission_policies: false };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -82,12 +86,16 @@ fn parse_options() -> Result<Options> {
         };
         if name == "--help" || name == "-h" {
             println!(
-                "bench_k8s_burst [--pods N (200)] [--rounds R (3)] [--sequential S (20)] [--timeout-ms T (120000)] [--dump-metrics DIR] [--without-flowcontrol]"
+                "bench_k8s_burst [--pods N (200)] [--rounds R (3)] [--sequential S (20)] [--timeout-ms T (120000)] [--dump-metrics DIR] [--without-flowcontrol] [--admission-policies]"
             );
             std::process::exit(0);
         }
         if name == "--without-flowcontrol" {
             o.flowcontrol = false;
+            continue;
+        }
+        if name == "--admission-policies" {
+            o.admission_policies = true;
             continue;
         }
         let value = match inline {
@@ -221,6 +229,11 @@ fn main() -> Result<()> {
     let t0 = Instant::now();
     let cluster = Cluster::prepared_with(options.flowcontrol).context("starting etcd + kube-apiserver")?;
     eprintln!("bench: deploy/flowcontrol.yaml {}", if options.flowcontrol { "applied" } else { "NOT applied (--without-flowcontrol)" });
+    if options.admission_policies {
+        thereabouts_k8s_harness::block_on(cluster.apply_path(&thereabouts_k8s_harness::deploy_dir().join("admission.yaml")))
+            .context("applying deploy/admission.yaml")?;
+    }
+    eprintln!("bench: deploy/admission.yaml {}", if options.admission_policies { "applied (--admission-policies)" } else { "not applied" });
     eprintln!("bench: CRDs from {} (${})", thereabouts_k8s_harness::crds_dir().display(), thereabouts_k8s_harness::CRDS_DIR_ENV);
     eprintln!("bench: control plane ready in {:.1?}", t0.elapsed());
     let metrics = match Metrics::admin(&cluster).and_then(|m| m.requests().map(|_| m)) {
