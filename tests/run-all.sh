@@ -2,12 +2,13 @@
 # Every test of the project, on a fresh machine: installs what it needs, then runs
 # formatting and lints (cargo fmt --check, clippy -D warnings), the engine
 # tests, the plugin's process tests, the end-to-end tests (concurrency, kill -9,
-# network namespaces), the playground's browser tests and the tests
-# against a real kube-apiserver and etcd. This is the README's test command;
+# network namespaces), the playground's browser tests, the tests
+# against a real kube-apiserver and etcd, and the real-node tests (kubelet,
+# containerd, Multus). This is the README's test command;
 # .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for suite in tests/lint.sh tests/engine.sh tests/host.sh tests/host-e2e.sh tests/playground.sh tests/k8s.sh; do
+for suite in tests/lint.sh tests/engine.sh tests/host.sh tests/host-e2e.sh tests/playground.sh tests/k8s.sh tests/node.sh; do
   echo "=== $suite"
   bash "$suite"
 done

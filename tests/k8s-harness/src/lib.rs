@@ -50,6 +50,7 @@ pub mod etcd;
 pub mod held;
 mod latency_proxy;
 pub mod log_stats;
+pub mod node;
 pub mod peers;
 pub mod plugin;
 pub mod pods;
@@ -114,12 +115,24 @@ impl Cluster {
     ///
     /// `THEREABOUTS_K8S_KEEP=1` keeps the temp dir (logs, kubeconfigs) after drop.
     pub fn start() -> Result<Cluster> {
+        Self::start_with(false)
+    }
+
+    /// [`Cluster::start`] for a real node (tests/node-harness): the ServiceAccount
+    /// admission plugin on, as in any cluster, so the kubelet's pods get their
+    /// token volumes; a kube-controller-manager must then run (it creates the
+    /// namespaces' `default` ServiceAccounts).
+    pub fn start_for_node() -> Result<Cluster> {
+        Self::start_with(true)
+    }
+
+    fn start_with(service_accounts: bool) -> Result<Cluster> {
         sweep_orphans();
         let bins = binaries()?;
         let mut last = None;
         for attempt in 1..=START_ATTEMPTS {
             let t0 = Instant::now();
-            match Self::try_start(&bins) {
+            match Self::try_start(&bins, service_accounts) {
                 Ok(c) => {
                     eprintln!("k8s-harness: kube-apiserver {} ready in {:.1?} (dir {})", c.server_url(), t0.elapsed(), c.dir.display());
                     return Ok(c);
@@ -184,7 +197,7 @@ impl Cluster {
         Ok(cluster)
     }
 
-    fn try_start(bins: &Binaries) -> Result<Cluster> {
+    fn try_start(bins: &Binaries, service_accounts: bool) -> Result<Cluster> {
         let dir = make_temp_dir()?;
         let keep_dir = std::env::var_os("THEREABOUTS_K8S_KEEP").is_some_and(|v| v != "0" && !v.is_empty());
         // From here on, `guard` removes the directory if we bail out.
@@ -231,7 +244,7 @@ impl Cluster {
 
         std::fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY).context("writing the audit policy")?;
         let cert_dir = dir.join("certs");
-        let apiserver_args = vec![
+        let mut apiserver_args = vec![
             // Who wrote the pools, reservations and Leases, and when (`Cluster::audit_writes`).
             format!("--audit-policy-file={}", dir.join("audit-policy.yaml").display()),
             format!("--audit-log-path={}", dir.join("audit.log").display()),
@@ -250,11 +263,13 @@ impl Cluster {
             format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
             format!("--service-account-key-file={}", dir.join("sa.pub").display()),
             format!("--service-account-signing-key-file={}", dir.join("sa.key").display()),
-            // No controller-manager runs, so nothing would create default ServiceAccounts.
-            "--disable-admission-plugins=ServiceAccount".to_string(),
             // `/debug/pprof` for the benches' profiles (`THEREABOUTS_APISERVER_PROFILING=1`).
             format!("--profiling={}", std::env::var_os(PROFILING_ENV).is_some()),
         ];
+        if !service_accounts {
+            // No controller-manager runs, so nothing would create default ServiceAccounts.
+            apiserver_args.push("--disable-admission-plugins=ServiceAccount".to_string());
+        }
         let apiserver = spawner.spawn("kube-apiserver", &bins.kube_apiserver, &apiserver_args, &dir.join("kube-apiserver.log"))?;
 
         let cluster = Cluster {

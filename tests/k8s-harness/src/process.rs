@@ -40,10 +40,18 @@ impl Spawner {
 
     /// Spawns `bin args...` with stdout and stderr appended to `log`.
     pub(crate) fn spawn(&self, name: &str, bin: &Path, args: &[String], log: &Path) -> Result<Proc> {
+        self.spawn_env(name, bin, args, &[], log)
+    }
+
+    /// [`Spawner::spawn`] with `env` added to (or replacing in) the environment.
+    pub(crate) fn spawn_env(&self, name: &str, bin: &Path, args: &[String], env: &[(&str, std::ffi::OsString)], log: &Path) -> Result<Proc> {
         let out = File::options().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
         let err = out.try_clone()?;
         let mut cmd = Command::new(bin);
         cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        for (key, value) in env {
+            cmd.env(key, value);
+        }
         let parent = std::process::id() as libc::pid_t;
         // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
         unsafe {
