@@ -481,7 +481,7 @@ impl Cluster {
         let deadline = Instant::now() + APISERVER_READY_TIMEOUT;
         // The CA only exists once the apiserver has written its certificates.
         let crt = self.dir.join("certs/apiserver.crt");
-        while !crt.exists() {
+        while !self_signed_pair_written(&std::fs::read(&crt).unwrap_or_default()) {
             self.check_running()?;
             if Instant::now() > deadline {
                 bail!("kube-apiserver wrote no certificate within {APISERVER_READY_TIMEOUT:?}{}", self.logs());
@@ -727,6 +727,14 @@ fn http_get_plain(port: u16, path: &str) -> std::io::Result<String> {
     Ok(buf)
 }
 
+/// Whether the apiserver's self-signed `apiserver.crt` is complete: its serving
+/// certificate and then its CA. The file exists, empty, between its creation and
+/// the write; a kubeconfig made from it then trusts no CA, and every request
+/// fails with "UnknownIssuer" until the start gives up (seen in a CI run).
+fn self_signed_pair_written(crt: &[u8]) -> bool {
+    String::from_utf8_lossy(crt).matches("-----END CERTIFICATE-----").count() >= 2
+}
+
 pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
     // Hold all listeners at once so the N ports are distinct.
     let listeners: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0))).collect::<std::io::Result<_>>()?;
@@ -799,5 +807,18 @@ impl Drop for DirGuard {
         if !self.keep {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::self_signed_pair_written;
+
+    #[test]
+    fn a_certificate_file_counts_once_it_holds_the_certificate_and_its_ca() {
+        let block = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        assert!(!self_signed_pair_written(b""), "created, not yet written");
+        assert!(!self_signed_pair_written(block.as_bytes()), "the serving certificate without its CA");
+        assert!(self_signed_pair_written(format!("{block}{block}").as_bytes()));
     }
 }
