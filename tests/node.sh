@@ -24,7 +24,9 @@ fi
 THEREABOUTS_K8S_BINS=$(bash tests/k8s-bins/build.sh)
 THEREABOUTS_NODE_BINS=$(bash tests/k8s-bins/build-node.sh)
 THEREABOUTS_TOOLS=$(bash tests/k8s-bins/build-tools.sh)
-export THEREABOUTS_K8S_BINS THEREABOUTS_NODE_BINS THEREABOUTS_HELM="$THEREABOUTS_TOOLS/helm"
+# whereabouts v0.9.4, for the migration case (N11).
+THEREABOUTS_WHEREABOUTS_DIR=$(bash tests/k8s-bins/build-peers.sh whereabouts)
+export THEREABOUTS_K8S_BINS THEREABOUTS_NODE_BINS THEREABOUTS_WHEREABOUTS_DIR THEREABOUTS_HELM="$THEREABOUTS_TOOLS/helm"
 echo "kubernetes: $THEREABOUTS_K8S_BINS; node: $THEREABOUTS_NODE_BINS"
 # The image the chart installs (and the plugin it holds).
 source scripts/setup-rust.sh

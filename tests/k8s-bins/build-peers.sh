@@ -8,6 +8,8 @@
 #     ip-reconciler            its cron reconciler Deployment (cmd/reconciler)
 #     node-slice-controller    its node-slice controller (cmd/nodeslicecontroller)
 #     manifests/               doc/crds/ of the same module: its CRDs, RBAC, Deployments
+#     script/                  script/ of the same module: its image's install-cni.sh,
+#                              lib.sh and token-watcher.sh (the real-node migration test)
 #   ${XDG_CACHE_HOME:-$HOME/.cache}/thereabouts/peers/toxiproxy-<v>/toxiproxy-server
 #
 #   build-peers.sh [whereabouts|toxiproxy]...   (no argument: both)
@@ -45,7 +47,8 @@ build_whereabouts() {
   done
   # Its own manifests, so the tests install what a whereabouts user installs.
   cp -R "$(jq -r .Dir <<<"$info")/doc/crds" "$stage/manifests"
-  chmod -R u+w,go-w "$stage/manifests"
+  cp -R "$(jq -r .Dir <<<"$info")/script" "$stage/script"
+  chmod -R u+w,go-w "$stage/manifests" "$stage/script"
   "$stage/whereabouts" --version >&2 || true
 }
 
@@ -62,7 +65,7 @@ build_toxiproxy() {
 # published whole, so one file per kind is enough).
 have() {
   case $1 in
-    whereabouts) [[ -x "$2/whereabouts" && -x "$2/node-slice-controller" && -d "$2/manifests" ]] ;;
+    whereabouts) [[ -x "$2/whereabouts" && -x "$2/node-slice-controller" && -d "$2/manifests" && -d "$2/script" ]] ;;
     toxiproxy) [[ -x "$2/toxiproxy-server" ]] ;;
   esac
 }

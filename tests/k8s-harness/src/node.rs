@@ -143,7 +143,9 @@ impl Node {
         let bins = node_binaries(&cluster)?;
         let tag = format!("{}", std::process::id() % 100_000);
         let dir = cluster.dir().join("node");
-        for sub in ["cni-bin", "cni-conf", "containerd", "kubelet/root", "kubelet/podlogs", "kubelet/volume-plugins", "ipam", "multus", "images"] {
+        for sub in
+            ["cni-bin", "cni-conf", "policy-cache", "containerd", "kubelet/root", "kubelet/podlogs", "kubelet/volume-plugins", "ipam", "multus", "images"]
+        {
             std::fs::create_dir_all(dir.join(sub))?;
         }
         let node = Node {
@@ -202,6 +204,11 @@ impl Node {
 
     /// A bridge name of this node's own for a test network (`suffix`: one
     /// letter), removed with the node.
+    /// The node's policy cache (the plugin's THEREABOUTS_POLICY_CACHE).
+    pub fn policy_cache_dir(&self) -> PathBuf {
+        self.dir.join("policy-cache")
+    }
+
     pub fn bridge(&self, suffix: &str) -> String {
         let name = format!("{}{suffix}", self.cluster_bridge().trim_end_matches('c'));
         let mut bridges = lock(&self.bridges);
@@ -369,7 +376,10 @@ impl Node {
         let mut path = OsString::from(&self.bins.containerd_dir);
         path.push(":");
         path.push(std::env::var_os("PATH").unwrap_or_default());
-        vec![("PATH", path)]
+        // libcni passes the runtime's environment to every plugin (and Multus to
+        // its delegates): the plugin finds the node's policy cache here, not in
+        // the machine's /var/lib.
+        vec![("PATH", path), ("THEREABOUTS_POLICY_CACHE", self.policy_cache_dir().into_os_string())]
     }
 
     /// Starts containerd (again) and waits until it answers.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::Api;
@@ -23,6 +23,8 @@ use thereabouts_k8s_harness::{Cluster, NAMESPACE, apply_yaml, block_on, split_ya
 
 /// The image the chart names (scripts/build-image.sh's), imported, never pulled.
 pub const IMAGE_REPOSITORY: &str = "ghcr.io/thereabouts/thereabouts";
+/// The policy the chart installs (values policies.wasm): the example sticky-ordinal.
+pub const STICKY_ORDINAL: &str = "sticky-ordinal.wasm";
 /// The namespace of the test pods.
 pub const PODS: &str = "default";
 
@@ -46,17 +48,32 @@ impl Installed {
     }
 
     pub fn start() -> Result<Installed> {
+        let installed = Installed::bare()?;
+        installed.install(&[])?;
+        Ok(installed)
+    }
+
+    /// A node (with Multus' NAD CRD) on which nothing of thereabouts is installed
+    /// yet: [`Installed::install`] installs it.
+    pub fn bare() -> Result<Installed> {
         let t0 = Instant::now();
         let cluster = Arc::new(Cluster::start_for_node()?);
         let node = Node::start(cluster.clone())?;
         eprintln!("node-tests: node {} Ready in {:.1?}", node.name(), t0.elapsed());
         let installed = Installed { node };
         installed.install_nad_crd()?;
-        installed.node.import_oci_layout(&image_layout())?;
-        installed.helm_install()?;
-        installed.wait_installed()?;
-        eprintln!("node-tests: thereabouts installed by its chart in {:.1?}", t0.elapsed());
         Ok(installed)
+    }
+
+    /// Imports the image and installs the chart (with the helm arguments `extra`
+    /// after the node's own), then waits until the node and controller are set up.
+    pub fn install(&self, extra: &[&str]) -> Result<()> {
+        let t0 = Instant::now();
+        self.node.import_oci_layout(&image_layout())?;
+        self.helm_install(extra)?;
+        self.wait_installed()?;
+        eprintln!("node-tests: thereabouts installed by its chart in {:.1?}", t0.elapsed());
+        Ok(())
     }
 
     pub fn cluster(&self) -> &Cluster {
@@ -77,8 +94,9 @@ impl Installed {
     }
 
     /// `helm install` of charts/thereabouts, with the node's directories, the
-    /// apiserver's loopback address (no kube-proxy here) and the imported image.
-    fn helm_install(&self) -> Result<()> {
+    /// apiserver's loopback address (no kube-proxy here), the imported image and
+    /// the example sticky-ordinal policy in the chart's policies ConfigMap.
+    fn helm_install(&self, extra: &[&str]) -> Result<()> {
         let port = self.cluster().server_url().rsplit(':').next().unwrap_or_default().to_string();
         let sets = [
             format!("image.repository={IMAGE_REPOSITORY}"),
@@ -86,6 +104,7 @@ impl Installed {
             "image.pullPolicy=Never".to_string(),
             format!("node.cniBinDir={}", self.node.cni_bin_dir().display()),
             format!("node.cniConfDir={}", self.node.cni_conf_dir().display()),
+            format!("node.policyCacheDir={}", self.node.policy_cache_dir().display()),
             "apiServer.host=127.0.0.1".to_string(),
             format!("apiServer.port={port}"),
             "controller.hostNetwork=true".to_string(),
@@ -100,6 +119,13 @@ impl Installed {
         for set in sets {
             args.extend(["--set".to_string(), set]);
         }
+        args.extend(extra.iter().map(|a| a.to_string()));
+        use base64::Engine as _;
+        let policy = std::fs::read(thereabouts_e2e::built_policy("sticky-ordinal"))?;
+        let values = self.node.dir().join("policy-values.json");
+        let wasm = json!({STICKY_ORDINAL: base64::engine::general_purpose::STANDARD.encode(policy)});
+        std::fs::write(&values, json!({"policies": {"wasm": wasm}}).to_string())?;
+        args.extend(["--values".to_string(), values.display().to_string()]);
         let out = Command::new(helm()).args(&args).output().context("running helm")?;
         if !out.status.success() {
             bail!("helm install: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -111,8 +137,9 @@ impl Installed {
     /// the controller leading; `default`'s ServiceAccount made.
     fn wait_installed(&self) -> Result<()> {
         let flat_file = self.flat_file();
-        self.wait("the installer's pod put the plugin and its flat file on the node", Duration::from_secs(180), || {
-            Ok(self.node.cni_bin_dir().join("thereabouts").is_file() && flat_file.is_file())
+        let policy = self.policy_path(STICKY_ORDINAL);
+        self.wait("the installer's pod put the plugin, its flat file and the chart's policy on the node", Duration::from_secs(180), || {
+            Ok(self.node.cni_bin_dir().join("thereabouts").is_file() && flat_file.is_file() && policy.is_file())
         })?;
         self.wait("the controller holds its Lease", Duration::from_secs(120), || {
             block_on(async {
@@ -123,6 +150,11 @@ impl Installed {
         self.wait("the default ServiceAccount exists", Duration::from_secs(60), || {
             block_on(async { Ok(Api::<ServiceAccount>::namespaced(self.client().await?, PODS).get_opt("default").await?.is_some()) })
         })
+    }
+
+    /// Where the installer put the chart's policy `name` (a network's policy `path`).
+    pub fn policy_path(&self, name: &str) -> PathBuf {
+        self.node.cni_conf_dir().join("thereabouts.d/policies").join(name)
     }
 
     /// The flat file the installer wrote on the node.
@@ -248,17 +280,36 @@ impl Installed {
 impl Installed {
     /// A Deployment `name` of the shell image (sleeping), attached to `networks`.
     pub fn deployment(&self, name: &str, networks: &str, replicas: i32) -> Result<()> {
+        self.workload("Deployment", name, networks, json!({"replicas": replicas}))
+    }
+
+    /// A StatefulSet `name` of the shell image (sleeping), attached to
+    /// `networks`; its pods start in parallel.
+    pub fn statefulset(&self, name: &str, networks: &str, replicas: i32) -> Result<()> {
+        self.workload("StatefulSet", name, networks, json!({"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel"}))
+    }
+
+    /// An apps/v1 `kind` of sleeping shell pods labelled `app: name`, with `spec` besides.
+    fn workload(&self, kind: &str, name: &str, networks: &str, mut spec: Value) -> Result<()> {
         let mut template = pod_spec(name, networks, "sleep 3600");
         template["spec"]["restartPolicy"] = json!("Always");
         template["metadata"]["labels"] = json!({"app": name});
-        let deployment = json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "namespace": PODS},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": {"metadata": template["metadata"], "spec": template["spec"]}},
-        });
-        block_on(async { apply_yaml(&self.client().await?, &deployment.to_string(), PODS).await })?;
+        spec["selector"] = json!({"matchLabels": {"app": name}});
+        spec["template"] = json!({"metadata": template["metadata"], "spec": template["spec"]});
+        let object = json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": PODS}, "spec": spec});
+        block_on(async { apply_yaml(&self.client().await?, &object.to_string(), PODS).await })?;
         Ok(())
+    }
+
+    pub fn delete_statefulset(&self, name: &str) -> Result<()> {
+        block_on(async {
+            let _ = Api::<StatefulSet>::namespaced(self.client().await?, PODS).delete(name, &DeleteParams::default()).await;
+            anyhow::Ok(())
+        })?;
+        for pod in self.pods(&format!("{name}-"))? {
+            self.delete_pod(pod.metadata.name.as_deref().unwrap_or_default())?;
+        }
+        self.wait("the StatefulSet's pods are gone", Duration::from_secs(180), || Ok(self.pods(&format!("{name}-"))?.is_empty()))
     }
 
     pub fn scale(&self, deployment: &str, replicas: i32) -> Result<()> {

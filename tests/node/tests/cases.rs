@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use thereabouts_node_tests::{Installed, network_status};
+use thereabouts_node_tests::{Installed, STICKY_ORDINAL, network_status};
 
 /// N01: the chart's installer DaemonSet put the plugin into the node's CNI bin
 /// dir, with a flat file naming the Kubernetes datastore, and the controller
@@ -276,4 +276,41 @@ fn n06_the_repeated_dels_of_a_pod_all_succeed() {
     installed.wait("the sandbox is removed", Duration::from_secs(180), || Ok(node.pod_sandboxes(thereabouts_node_tests::PODS, "n06")?.is_empty())).unwrap();
     assert_eq!(installed.allocations("192.0.2.224-28").unwrap(), 0);
     node.set_network(None).unwrap();
+}
+
+/// N07: a StatefulSet whose network runs the sticky-ordinal policy the chart
+/// shipped in its policies ConfigMap (compiled on the node by the installer
+/// pod): `n07-K` gets first + 10 + K in each range where the built-in choice
+/// would give the lowest free, and a deleted pod comes back, as a new pod, with
+/// the same addresses.
+#[test]
+fn n07_a_statefulset_pod_comes_back_with_its_addresses() {
+    let installed = Installed::shared();
+    let policy = serde_json::json!({"name": "sticky", "path": installed.policy_path(STICKY_ORDINAL), "settings": {"base": 10, "statefulsets": ["n07"]}});
+    let ranges = serde_json::json!([{"range": "192.0.2.32/27"}, {"range": "2001:db8:7::/64"}]);
+    installed.nad_with("n07", "h", serde_json::json!({"ipRanges": ranges, "policies": [policy]})).unwrap();
+    installed.statefulset("n07", "n07", 3).unwrap();
+    installed.wait_addresses("n07-", "default/n07", 3).unwrap();
+    let by_pod = |name: &str| {
+        let pod = installed.get_pod(name).unwrap().unwrap();
+        let ips = network_status(&pod).into_iter().find(|(n, ..)| n == "default/n07").map(|(_, _, ips)| ips).unwrap_or_default();
+        (pod.metadata.uid.unwrap_or_default(), ips)
+    };
+    for k in 0..3u8 {
+        let expected = vec![format!("192.0.2.{}", 33 + 10 + k), format!("2001:db8:7::{:x}", 1 + 10 + k)];
+        assert_eq!(by_pod(&format!("n07-{k}")).1, expected, "n07-{k}: first + base + ordinal");
+    }
+    let (uid, ips) = by_pod("n07-1");
+    installed.delete_pod("n07-1").unwrap();
+    installed
+        .wait("n07-1 is back as a new pod", Duration::from_secs(180), || {
+            let pod = installed.get_pod("n07-1")?;
+            Ok(pod.is_some_and(|p| p.metadata.uid.as_deref() != Some(uid.as_str()) && p.status.and_then(|s| s.phase).as_deref() == Some("Running")))
+        })
+        .unwrap();
+    assert_eq!(by_pod("n07-1").1, ips, "the re-created pod's addresses");
+    // The old pod's entry freed by its DEL, the new pod's made: three again.
+    installed.wait("the pool holds the three pods' entries", Duration::from_secs(60), || Ok(installed.allocations("192.0.2.32-27")? == 3)).unwrap();
+    installed.delete_statefulset("n07").unwrap();
+    installed.wait("every address is back", Duration::from_secs(90), || Ok(installed.allocations("192.0.2.32-27")? == 0)).unwrap();
 }

@@ -5,7 +5,11 @@
 //! host-local as the IPAM of the same NAD, on the same node, in one run.
 //!
 //!   bash tests/node.sh builds what it needs; then
-//!   cargo run --release -p thereabouts-node-tests --bin bench_pod_latency -- [N...] (50 100)
+//!   cargo run --release -p thereabouts-node-tests --bin bench_pod_latency -- [--rounds R] [N...]
+//!
+//! (defaults: 1 round, N = 50 100). Each round runs every size with every IPAM,
+//! the IPAMs' order turning from burst to burst; with several rounds the
+//! summary gives each figure's median over the rounds, beside each round's.
 //!
 //! Needs THEREABOUTS_K8S_BINS, THEREABOUTS_NODE_BINS, THEREABOUTS_HELM and
 //! THEREABOUTS_WHEREABOUTS_DIR (tests/k8s-bins/build-peers.sh).
@@ -18,8 +22,15 @@ use serde_json::json;
 use thereabouts_node_tests::{Installed, pod_spec};
 
 fn main() -> Result<()> {
-    let counts: Vec<usize> = std::env::args().skip(1).map(|a| a.parse()).collect::<Result<_, _>>().context("counts")?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut rounds = 1;
+    if let Some(i) = args.iter().position(|a| a == "--rounds") {
+        rounds = args.get(i + 1).context("--rounds R")?.parse().context("--rounds R")?;
+        args.drain(i..i + 2);
+    }
+    let counts: Vec<usize> = args.iter().map(|a| a.parse()).collect::<Result<_, _>>().context("counts")?;
     let counts = if counts.is_empty() { vec![50, 100] } else { counts };
+    anyhow::ensure!(rounds > 0 && counts.iter().all(|&n| n > 0), "rounds and pod counts must be at least 1");
     let installed = Installed::start()?;
     let node = &installed.node;
     // whereabouts v0.9.4's plugin beside thereabouts, with a flat file of its own.
@@ -44,25 +55,42 @@ fn main() -> Result<()> {
             json!({"type": "host-local", "dataDir": node.dir().join("bench-host-local"), "ranges": [[{"subnet": "203.0.113.0/24"}], [{"subnet": "2001:db8:30::/64"}]]}),
         ),
     ];
-    let mut results: BTreeMap<(usize, &str), Vec<Duration>> = BTreeMap::new();
-    for (round, &n) in counts.iter().enumerate() {
-        // The order turns each round, so that drift on a busy machine spreads over all three.
-        for k in 0..ipams.len() {
-            let (name, suffix, ipam) = &ipams[(k + round) % ipams.len()];
-            let nad = format!("bench-{name}");
-            installed.nad_raw(&nad, suffix, ipam.clone())?;
-            let latencies = burst(&installed, &nad, n)?;
-            results.insert((n, name), latencies);
+    // (size, IPAM) -> each round's (p50, p99, max).
+    let mut results: BTreeMap<(usize, &str), Vec<[f64; 3]>> = BTreeMap::new();
+    let mut turn = 0;
+    for round in 0..rounds {
+        for &n in &counts {
+            // The order turns every burst, so that drift on a busy machine spreads over all three.
+            for k in 0..ipams.len() {
+                let (name, suffix, ipam) = &ipams[(k + turn) % ipams.len()];
+                let nad = format!("bench-{name}");
+                installed.nad_raw(&nad, suffix, ipam.clone())?;
+                let figures = percentiles(burst(&installed, &nad, n)?);
+                eprintln!("round {}: {n} pods, {name}: p50 {:.2} s, p99 {:.2} s", round + 1, figures[0], figures[1]);
+                results.entry((n, name)).or_default().push(figures);
+            }
+            turn += 1;
         }
     }
-    println!("| pods at once | IPAM | p50 | p99 | max |");
-    println!("|---|---|---|---|---|");
-    for ((n, name), mut l) in results {
-        l.sort();
-        let p = |q: f64| l[((l.len() as f64 * q).ceil() as usize).saturating_sub(1).min(l.len() - 1)];
-        println!("| {n} | {name} | {:.2} s | {:.2} s | {:.2} s |", p(0.5).as_secs_f64(), p(0.99).as_secs_f64(), l[l.len() - 1].as_secs_f64());
+    println!("| pods at once | IPAM | p50 | p99 | max | p99 of each round |");
+    println!("|---|---|---|---|---|---|");
+    for ((n, name), runs) in &results {
+        let median = |i: usize| {
+            let mut v: Vec<f64> = runs.iter().map(|r| r[i]).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let each: Vec<String> = runs.iter().map(|r| format!("{:.2}", r[1])).collect();
+        println!("| {n} | {name} | {:.2} s | {:.2} s | {:.2} s | {} |", median(0), median(1), median(2), each.join(" / "));
     }
     Ok(())
+}
+
+/// p50, p99 and max of one burst's latencies, in seconds.
+fn percentiles(mut l: Vec<Duration>) -> [f64; 3] {
+    l.sort();
+    let p = |q: f64| l[((l.len() as f64 * q).ceil() as usize).saturating_sub(1).min(l.len() - 1)].as_secs_f64();
+    [p(0.5), p(0.99), l[l.len() - 1].as_secs_f64()]
 }
 
 /// N pods on `nad` created at once; each one's time from its creation request
