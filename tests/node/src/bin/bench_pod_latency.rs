@@ -78,7 +78,8 @@ fn main() -> Result<()> {
         let median = |i: usize| {
             let mut v: Vec<f64> = runs.iter().map(|r| r[i]).collect();
             v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
+            // Of an even count, the mean of the middle two.
+            (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0
         };
         let each: Vec<String> = runs.iter().map(|r| format!("{:.2}", r[1])).collect();
         println!("| {n} | {name} | {:.2} s | {:.2} s | {:.2} s | {} |", median(0), median(1), median(2), each.join(" / "));
