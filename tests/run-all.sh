@@ -8,6 +8,10 @@
 # .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A clean clone's target/ reuses the crates compiled by earlier runs (and the
+# plugin builds of the same sources are reused by scripts/build-plugin.sh).
+# shellcheck source=scripts/cargo-target-cache.sh
+source scripts/cargo-target-cache.sh
 for suite in tests/lint.sh tests/engine.sh tests/host.sh tests/host-e2e.sh tests/playground.sh tests/k8s.sh tests/node.sh; do
   echo "=== $suite"
   bash "$suite"
