@@ -16,7 +16,7 @@ use thereabouts_allocator::model::{
 };
 
 use crate::component::{EngineComponent, EngineFailure};
-use crate::datastore::{Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction};
+use crate::datastore::{Change, Datastore, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, Retry, Transaction, release_group};
 use crate::placement::Placement;
 use crate::policy::decide::{Guide, GuideError};
 
@@ -136,6 +136,15 @@ impl Changes {
     fn is_empty(&self) -> bool {
         self.by_pool.is_empty()
     }
+    fn has(&self, pool: &PoolId, change: &Change) -> bool {
+        self.by_pool.get(&pool.name).is_some_and(|changes| changes.contains(change))
+    }
+    /// The [`Change::Unreserve`]s, with their pools.
+    fn unreserves(&self) -> impl Iterator<Item = (PoolId, Change)> + '_ {
+        self.order
+            .iter()
+            .flat_map(move |pool| self.by_pool[&pool.name].iter().filter(|c| matches!(c, Change::Unreserve { .. })).map(move |c| (pool.clone(), c.clone())))
+    }
     fn into_updates(mut self, pools: &BTreeMap<String, Pool>) -> Vec<PoolUpdate> {
         self.order
             .into_iter()
@@ -155,14 +164,15 @@ impl Changes {
 /// to commit. The retry policy lives here alone: a [`Retry::Reserved`] is
 /// planned around at once, a [`Retry::Conflict`] after a jittered pause (the
 /// store's [`Capabilities::conflict_pauses`](crate::datastore::Capabilities)),
-/// both until the deadline.
+/// both until the deadline. In a turn, `plan` also gets the DELs queued behind
+/// this call that its commit may serve ([`Transaction::queued_releases`]).
 fn until_committed<T>(
     tx: &mut dyn Transaction,
     pools: &[PoolId],
     pauses: (Duration, Duration),
     deadline: Instant,
     what: &str,
-    mut plan: impl FnMut(&BTreeMap<String, Pool>, u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
+    mut plan: impl FnMut(&BTreeMap<String, Pool>, u32, &[model::Attachment]) -> Result<(T, Vec<PoolUpdate>), IpamError>,
 ) -> Result<T, IpamError> {
     let mut backoff = crate::datastore::retry::Backoff::between(pauses.0, pauses.1);
     let mut conflicts = 0u32;
@@ -170,7 +180,8 @@ fn until_committed<T>(
     let mut contention = 0u32;
     loop {
         let loaded = load_all(tx, pools)?;
-        let (value, updates) = plan(&loaded, contention)?;
+        let queued = if tx.serialized() { tx.queued_releases() } else { Vec::new() };
+        let (value, updates) = plan(&loaded, contention, &queued)?;
         if updates.is_empty() {
             return Ok(value);
         }
@@ -214,10 +225,10 @@ fn cycle<T>(
     purpose: Purpose,
     deadline: Instant,
     what: &str,
-    plan: impl FnMut(&BTreeMap<String, Pool>, u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
+    mut plan: impl FnMut(&BTreeMap<String, Pool>, u32) -> Result<(T, Vec<PoolUpdate>), IpamError>,
 ) -> Result<T, IpamError> {
     let mut tx = store.begin(pools, purpose, deadline)?;
-    until_committed(tx.as_mut(), pools, store.capabilities().conflict_pauses, deadline, what, plan)
+    until_committed(tx.as_mut(), pools, store.capabilities().conflict_pauses, deadline, what, |loaded, contention, _| plan(loaded, contention))
 }
 
 /// Whether this call keeps cluster-wide reservations (whereabouts'
@@ -421,10 +432,15 @@ pub fn release(
     let reserving = reserves(store, config);
     let purpose = if reserving { Purpose::Release { container_id: who.container_id, ifname: who.ifname } } else { Purpose::Update };
     let mut tx = store.begin(&pools, purpose, deadline)?;
+    tx.release_together(&release_group(&config.network_name, &pools), &who.into());
     // Reservations of entries this DEL leaves to a newer container of the same
     // pod (an ADD adopted them): still in use, whoever made them.
     let mut in_use = Vec::new();
-    let removed = until_committed(tx.as_mut(), &pools, store.capabilities().conflict_pauses, deadline, "DEL", |loaded, _| {
+    // The reservations of this attachment's entries as first planned: when a
+    // later read finds an entry gone (a DEL of its group removed it, see
+    // `Transaction::release_together`), the reservation is still this DEL's to drop.
+    let mut first_planned: Vec<(PoolId, Change)> = Vec::new();
+    let removed = until_committed(tx.as_mut(), &pools, store.capabilities().conflict_pauses, deadline, "DEL", |loaded, _, queued| {
         let mut changes = Changes::new();
         let mut removed = 0;
         in_use.clear();
@@ -446,6 +462,22 @@ pub fn release(
                 }
             }
             removed += release_in(engine, config, pool, entries, &[who.into()], reserving, &mut changes, |_| ())?;
+            // The DELs this one serves: their entries only; each drops its own
+            // reservations once it learns it was served.
+            if !queued.is_empty() {
+                release_in(engine, config, pool, entries, queued, false, &mut changes, |_| ())?;
+            }
+        }
+        if first_planned.is_empty() {
+            first_planned = changes.unreserves().collect();
+        } else {
+            for (pool, unreserve) in &first_planned {
+                let Change::Unreserve { holder, .. } = unreserve else { continue };
+                let gone = !entries_of(loaded, &pool.name).iter().any(|e| e.offset == holder.offset && e.container_id == holder.container_id);
+                if gone && !changes.has(pool, unreserve) {
+                    changes.push(pool.clone(), unreserve.clone());
+                }
+            }
         }
         let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(loaded) };
         Ok((removed, updates))

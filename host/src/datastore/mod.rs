@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use thereabouts_allocator::model::{Allocation, DatastoreSettings};
+use thereabouts_allocator::model::{Allocation, Attachment, DatastoreSettings};
 
 /// Where `"datastore": "file"` keeps its pools when `data_dir` is not set.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/thereabouts";
@@ -401,6 +401,39 @@ pub trait Transaction {
     fn free_leftovers(&mut self, _in_use: &[String]) -> Result<usize, DatastoreError> {
         Ok(0)
     }
+
+    /// Group commit of DELs: this DEL (`attachment`) may have its entries
+    /// removed by another DEL of the same `group` that holds the turn on the
+    /// same pools, in that one's write, and may remove the entries of the DELs
+    /// queued behind it in its own ([`Transaction::queued_releases`]). `group`
+    /// names what decides a release's plan (the network and its pools): DELs
+    /// of one group plan the same removals for an attachment. Stores whose
+    /// writers do not queue ignore it.
+    fn release_together(&mut self, _group: &str, _attachment: &Attachment) {}
+
+    /// In this call's turn (after [`Transaction::release_together`]): the DELs
+    /// of its group queued behind it, whose entries its next commit may remove
+    /// with its own. Once that commit lands they are told they were served:
+    /// their own next read finds their entries gone, and they write nothing
+    /// but what lies outside the pools (their reservations). Asked before every
+    /// plan in the turn; a commit that does not land serves nobody.
+    fn queued_releases(&mut self) -> Vec<Attachment> {
+        Vec::new()
+    }
+}
+
+/// What DELs must share to be committed together ([`Transaction::release_together`]):
+/// the network's name and its pools, which are all the release plan depends on
+/// (entries match by container ID and interface; reservation names by network
+/// and address).
+pub fn release_group(network_name: &str, pools: &[PoolId]) -> String {
+    use sha2::Digest;
+    let mut digest = sha2::Sha256::new();
+    digest.update(network_name.as_bytes());
+    for pool in pools {
+        digest.update(format!("\n{} {}", pool.name, pool.cidr).as_bytes());
+    }
+    digest.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect()
 }
 
 /// What differs between backends beyond how they read and write, in one value

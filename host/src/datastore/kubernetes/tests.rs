@@ -78,7 +78,15 @@ fn ticket(name: &str, rv: &str, pools: &str) -> Value {
     json!({"metadata": {"name": name, "resourceVersion": rv, "annotations": {turn::POOLS_ANNOTATION: pools}}})
 }
 
-fn tickets(items: Vec<Value>) -> Answer {
+/// The queue as listed: `items` and the caller's own ticket t1 (version 20),
+/// which a call finds there until it leaves the queue.
+fn tickets(mut items: Vec<Value>) -> Answer {
+    items.push(ticket("t1", "20", "192.0.2.0-24"));
+    Answer::Ok(json!({"metadata": {"resourceVersion": "100"}, "items": items}))
+}
+
+/// The queue as listed after the caller's own ticket left it.
+fn tickets_without_mine(items: Vec<Value>) -> Answer {
     Answer::Ok(json!({"metadata": {"resourceVersion": "100"}, "items": items}))
 }
 
@@ -528,6 +536,87 @@ fn a_watch_from_a_revision_too_old_lists_the_queue_again() {
     // Still in the queue, not gone ahead without a turn.
     assert!(tx.serialized());
     assert_eq!(log.lines().iter().filter(|l| l.contains("watch=true")).count(), 2);
+}
+
+/// A DEL's turn ticket: it offers `container`'s release in `group`.
+fn del_ticket(name: &str, rv: &str, pools: &str, group: &str, container: &str) -> Value {
+    let mut t = ticket(name, rv, pools);
+    t["metadata"]["annotations"][turn::RELEASE_GROUP_ANNOTATION] = json!(group);
+    t["metadata"]["annotations"][turn::RELEASE_CONTAINER_ANNOTATION] = json!(container);
+    t["metadata"]["annotations"][turn::RELEASE_IFNAME_ANNOTATION] = json!("eth0");
+    t
+}
+
+fn remove(id: &PoolId, rv: &str, offsets: &[u128]) -> PoolUpdate {
+    PoolUpdate { pool: id.clone(), expected: Version(rv.into()), changes: offsets.iter().map(|&offset| Change::Remove { offset }).collect() }
+}
+
+/// A DEL of c1 whose first attempt is refused: it queues with ticket t1
+/// (version 20) offering its release in group `g`.
+fn del_losing_first_attempt<'s>(s: &'s KubernetesStore, p: &PoolId) -> Box<dyn Transaction + 's> {
+    let mut tx = s.begin(std::slice::from_ref(p), Purpose::Update, deadline()).unwrap();
+    tx.release_together("g", &thereabouts_allocator::model::Attachment { container_id: "c1".into(), ifname: "eth0".into() });
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[remove(p, "10", &[1])])));
+    tx
+}
+
+#[test]
+fn a_del_in_its_turn_removes_the_entries_of_its_groups_dels_queued_behind_it_then_dismisses_them() {
+    let p = pool("192.0.2.0/24");
+    let held = json!({"1": entry("c1", "a"), "2": entry("c2", "b"), "3": entry("c3", "c")});
+    let queue = || {
+        tickets(vec![
+            del_ticket("t2", "21", &p.name, "g", "c2"),
+            // Another network's DEL, and a DEL of this group on other pools: not served.
+            del_ticket("t3", "22", &p.name, "h", "c3"),
+            del_ticket("t4", "23", "192.0.2.0-24,other", "g", "c3"),
+        ])
+    };
+    let answers = vec![
+        listed(&p, "10", "12", held.clone()),
+        Answer::Status(409, "Conflict", Value::Null),
+        Answer::Ok(del_ticket("t1", "20", &p.name, "g", "c1")),
+        queue(),
+        queue(),
+        listed(&p, "11", "13", held),
+        ok(),
+        ok(),
+        ok(),
+    ];
+    let (s, log, _) = store("ns", answers);
+    let mut tx = del_losing_first_attempt(&s, &p);
+    assert_eq!(log.body(2)["metadata"]["annotations"][turn::RELEASE_CONTAINER_ANNOTATION], "c1");
+    assert!(tx.serialized());
+    let queued = tx.queued_releases();
+    assert_eq!(queued, [thereabouts_allocator::model::Attachment { container_id: "c2".into(), ifname: "eth0".into() }]);
+    tx.load().unwrap();
+    assert_eq!(tx.commit(&[remove(&p, "11", &[1, 2])]).unwrap(), Outcome::Committed);
+    // One write for both; then the served DEL's ticket goes, then its own.
+    assert_eq!(log.lines()[6..], [format!("PATCH {API}/ippools/192.0.2.0-24"), format!("DELETE {LEASES}/t2"), format!("DELETE {LEASES}/t1")]);
+}
+
+#[test]
+fn a_del_whose_ticket_left_the_queue_was_served_and_reads_the_pool_as_new_as_the_queue_it_listed() {
+    let p = pool("192.0.2.0/24");
+    let answers = vec![
+        listed(&p, "10", "12", json!({"1": entry("c1", "a")})),
+        Answer::Status(409, "Conflict", Value::Null),
+        Answer::Ok(del_ticket("t1", "20", &p.name, "g", "c1")),
+        // t1 is gone: the holder t0 served it.
+        tickets_without_mine(vec![del_ticket("t0", "19", &p.name, "g", "c0")]),
+        listed(&p, "12", "101", json!({})),
+    ];
+    let (s, log, _) = store("ns", answers);
+    let mut tx = del_losing_first_attempt(&s, &p);
+    assert!(tx.serialized());
+    // No watch, and no turn to serve others in.
+    assert!(tx.queued_releases().is_empty());
+    tx.load().unwrap();
+    assert_eq!(log.lines()[4], format!("GET {API}/ippools?fieldSelector=metadata.name%3D192.0.2.0-24&resourceVersion=100&resourceVersionMatch=NotOlderThan"));
+    drop(tx);
+    // Its ticket is gone already: nothing to delete.
+    assert_eq!(log.lines().len(), 5);
 }
 
 fn slice_pool(allocations: Value) -> Answer {

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use http::Method;
 use serde_json::Value;
-use thereabouts_allocator::model::Allocation;
+use thereabouts_allocator::model::{Allocation, Attachment};
 
 use super::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
 use super::node_turn::NodeTurn;
@@ -43,6 +43,10 @@ pub(super) struct KubeTransaction<'s> {
     releasing: Option<Releasing>,
     /// Where the call stands with turns ([`turn`]).
     turn: TurnState,
+    /// A DEL's offer for group commit ([`Transaction::release_together`]).
+    offer: Option<turn::ReleaseOffer>,
+    /// The tickets of the DELs the next commit serves ([`Transaction::queued_releases`]).
+    serving: Vec<String>,
 }
 
 /// See [`KubeTransaction::turn`].
@@ -124,6 +128,8 @@ pub(super) fn begin<'s>(store: &'s KubernetesStore, pools: &[PoolId], purpose: P
         races_lost: 0,
         releasing,
         turn,
+        offer: None,
+        serving: Vec::new(),
     })
 }
 
@@ -187,7 +193,7 @@ impl Transaction for KubeTransaction<'_> {
             // turn comes first would otherwise plan into it and lose, one
             // reservation race per address held by a waiter.
             self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE));
-            self.turn = match turn::take(self.store, &self.pools, &self.holder_identity(updates), self.deadline) {
+            self.turn = match turn::take(self.store, &self.pools, &self.holder_identity(updates), self.offer.as_ref(), self.deadline) {
                 Some(turn) => TurnState::Holding(turn),
                 None => TurnState::Without,
             };
@@ -199,6 +205,26 @@ impl Transaction for KubeTransaction<'_> {
 
     fn serialized(&self) -> bool {
         matches!(self.turn, TurnState::Holding(_) | TurnState::Node(_))
+    }
+
+    fn release_together(&mut self, group: &str, attachment: &Attachment) {
+        self.offer = Some(turn::ReleaseOffer { group: group.to_string(), container_id: attachment.container_id.clone(), ifname: attachment.ifname.clone() });
+    }
+
+    fn queued_releases(&mut self) -> Vec<Attachment> {
+        self.serving.clear();
+        let (TurnState::Holding(held), Some(offer)) = (&self.turn, &self.offer) else { return Vec::new() };
+        let queued = turn::queued(self.store, held, &self.pools, offer, self.deadline);
+        if !queued.is_empty() {
+            logging::debug(format!("serving {} DEL(s) queued behind this one in its write", queued.len()));
+        }
+        queued
+            .into_iter()
+            .map(|(ticket, container_id, ifname)| {
+                self.serving.push(ticket);
+                Attachment { container_id, ifname }
+            })
+            .collect()
     }
 
     fn free_leftovers(&mut self, in_use: &[String]) -> Result<usize, DatastoreError> {
@@ -239,6 +265,8 @@ impl KubeTransaction<'_> {
     /// the reservations of removed entries.
     fn attempt(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
         let deadline = self.deadline;
+        // Served only by this attempt's write, if it lands.
+        let serving = std::mem::take(&mut self.serving);
         let updates: Vec<&PoolUpdate> = updates.iter().filter(|u| !u.changes.is_empty()).collect();
         let cleanup_deadline = || deadline.max(Instant::now() + CLEANUP_GRACE);
         let reserves: Vec<(&PoolUpdate, &String, &Allocation)> = updates
@@ -378,7 +406,11 @@ impl KubeTransaction<'_> {
         // Every reservation of this plan now backs a committed entry.
         self.held.retain(|name, _| !planned.contains(name.as_str()));
         self.reuse_reads = false;
-        // The pools are written: the next in the queue may go.
+        // The pools are written: the DELs it served stop waiting, and the next
+        // in the queue may go.
+        if !serving.is_empty() {
+            turn::dismiss(self.store, &serving);
+        }
         self.end_turn();
 
         // 3. Reservations of removed entries. The pools no longer hold the
@@ -465,17 +497,24 @@ impl KubeTransaction<'_> {
     /// address's reservation is taken.
     fn pool_read_request(&self, pool: &PoolId) -> Request {
         // In the node's turn: the cache once it holds the last holder's write.
+        // Served by another DEL's write: the cache once it holds that write.
         let version = match &self.turn {
             TurnState::Node(turn) => turn.last_version(&pool.name).map(|v| format!("resourceVersion={v}&resourceVersionMatch=NotOlderThan")),
+            TurnState::Holding(turn) => turn.served_at().map(|v| format!("resourceVersion={v}&resourceVersionMatch=NotOlderThan")),
             _ => None,
         };
         let path = format!("{}&{}", crd::named_list_path(&self.store.namespace, IPPOOLS, &pool.name), version.as_deref().unwrap_or("resourceVersion=0"));
         Request { method: Method::GET, path, body: None, action: format!("reading IPPool {}/{}", self.store.namespace, pool.name) }
     }
 
-    /// Whether the read of `pool` asks for the version the node's last holder left.
+    /// Whether the read of `pool` asks for a version: the one the node's last
+    /// holder left, or the revision at which another DEL served this one.
     fn hinted(&self, pool: &PoolId) -> bool {
-        matches!(&self.turn, TurnState::Node(turn) if turn.last_version(&pool.name).is_some())
+        match &self.turn {
+            TurnState::Node(turn) => turn.last_version(&pool.name).is_some(),
+            TurnState::Holding(turn) => turn.served_at().is_some(),
+            TurnState::NotYet | TurnState::Without => false,
+        }
     }
 
     /// The pool in the answer to [`Self::pool_read_request`]. While the watch
@@ -493,15 +532,17 @@ impl KubeTransaction<'_> {
                     None => return Ok(None),
                 }
             }
-            // The version the node's last holder left is newer than anything this
-            // apiserver has (its etcd was restored or replaced): read as it is.
+            // The version hinted is newer than anything this apiserver has (its
+            // etcd was restored or replaced, or it lags behind another): read as it is.
             Reply::Status(s) if s.code == 504 && self.hinted(pool) => {
                 logging::verbose(format!(
                     "IPPool {}: the version left on this node is unknown to the apiserver ({}); reading the cache as it is",
                     pool.name, s.message
                 ));
-                if let TurnState::Node(turn) = &self.turn {
-                    turn.record(&pool.name, "");
+                match &mut self.turn {
+                    TurnState::Node(turn) => turn.record(&pool.name, ""),
+                    TurnState::Holding(turn) => turn.forget_served_at(),
+                    TurnState::NotYet | TurnState::Without => {}
                 }
                 let plain = self.pool_read_request(pool);
                 let reply = self.store.call_one(&plain, self.deadline, REQUEST_TIMEOUT, 0)?;

@@ -23,6 +23,16 @@
 //! right behind the head, longer the farther back it is (a waiter that dies in
 //! the middle of a long queue costs the ones behind it up to that long).
 //!
+//! Group commit (DELs): a DEL's ticket also names its attachment and its
+//! release group ([`RELEASE_GROUP_ANNOTATION`]). The DEL whose turn it is lists
+//! the tickets of its group queued behind it ([`queued`]), removes their
+//! entries in its own pool write, and then deletes their tickets
+//! ([`dismiss`]). A waiter that finds its own ticket gone from the queue was
+//! served (or declared dead): it stops waiting, reads the pools as new as the
+//! queue it listed, finds its entries gone and writes nothing to them. So a
+//! burst of N DELs on one pool costs a few pool writes instead of N, each of
+//! which rewrote the whole object.
+//!
 //! Turns are an optimisation, never a lock the allocation's safety rests on:
 //! the pool patches keep their per-entry tests and the reservations their
 //! create-if-absent. So every failure here (no right to Leases, an
@@ -48,6 +58,15 @@ const TICKET_KIND: &str = "pools";
 /// The pools a ticket queues for, comma-separated.
 pub const POOLS_ANNOTATION: &str = "thereabouts.io/pools";
 const TICKET_PREFIX: &str = "thereabouts-turn-";
+/// A DEL's ticket: its release group (`crate::datastore::release_group`).
+pub const RELEASE_GROUP_ANNOTATION: &str = "thereabouts.io/release-group";
+/// A DEL's ticket: the container ID and interface whose entries it releases.
+pub const RELEASE_CONTAINER_ANNOTATION: &str = "thereabouts.io/release-container";
+pub const RELEASE_IFNAME_ANNOTATION: &str = "thereabouts.io/release-ifname";
+/// At most this many DELs are served by one write: its JSON patch holds two
+/// operations per entry removed, and a patch of this many stays far below the
+/// apiserver's 3 MiB request limit.
+pub const SERVE_AT_MOST: usize = 256;
 /// How often the holder renews its ticket.
 const RENEW_EVERY: Duration = Duration::from_millis(500);
 /// A queue ahead that shows no change for this long has a dead head. Also how
@@ -69,7 +88,33 @@ pub fn collection_path(namespace: &str) -> String {
 /// A turn this call holds: its ticket and the task renewing it.
 pub(super) struct Turn {
     name: String,
-    renewal: tokio::task::AbortHandle,
+    version: u64,
+    /// None once the ticket is gone.
+    renewal: Option<tokio::task::AbortHandle>,
+    /// Set when the ticket left the queue while the call waited (a DEL of its
+    /// group served it, see the module comment): the revision of the LIST that
+    /// found it gone. Reads of the pools ask for one at least as new, which
+    /// holds the write that served it.
+    served_at: Option<String>,
+}
+
+impl Turn {
+    pub(super) fn served_at(&self) -> Option<&str> {
+        self.served_at.as_deref()
+    }
+
+    /// Reads go back to the cache as it is (that revision is unknown to this apiserver).
+    pub(super) fn forget_served_at(&mut self) {
+        self.served_at = None;
+    }
+}
+
+/// What a DEL's ticket offers for group commit: its attachment, in its group.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ReleaseOffer {
+    pub group: String,
+    pub container_id: String,
+    pub ifname: String,
 }
 
 /// A ticket as listed.
@@ -78,20 +123,35 @@ struct Ticket {
     name: String,
     version: u64,
     pools: BTreeSet<String>,
+    offer: Option<ReleaseOffer>,
 }
 
 impl Ticket {
     fn parse(object: &Value) -> Option<Ticket> {
         let name = object.pointer("/metadata/name")?.as_str()?.to_string();
         let version = object.pointer("/metadata/resourceVersion")?.as_str()?.parse().ok()?;
-        let pools = object.pointer(&format!("/metadata/annotations/{}", POOLS_ANNOTATION.replace('/', "~1")))?.as_str()?;
-        Some(Ticket { name, version, pools: pools.split(',').map(str::to_string).collect() })
+        let annotation = |key: &str| object.pointer(&format!("/metadata/annotations/{}", key.replace('/', "~1"))).and_then(Value::as_str);
+        let pools = annotation(POOLS_ANNOTATION)?;
+        let offer = match (annotation(RELEASE_GROUP_ANNOTATION), annotation(RELEASE_CONTAINER_ANNOTATION), annotation(RELEASE_IFNAME_ANNOTATION)) {
+            (Some(group), Some(container_id), Some(ifname)) => {
+                Some(ReleaseOffer { group: group.to_string(), container_id: container_id.to_string(), ifname: ifname.to_string() })
+            }
+            _ => None,
+        };
+        Some(Ticket { name, version, pools: pools.split(',').map(str::to_string).collect(), offer })
     }
 }
 
-/// The ticket for `pools`, held by `holder` (for people reading the Lease).
-fn ticket_body(namespace: &str, pools: &BTreeSet<String>, holder: &str) -> Value {
+/// The ticket for `pools`, held by `holder` (for people reading the Lease),
+/// with a DEL's `offer` for group commit.
+fn ticket_body(namespace: &str, pools: &BTreeSet<String>, holder: &str, offer: Option<&ReleaseOffer>) -> Value {
     let now = now();
+    let mut annotations = json!({POOLS_ANNOTATION: pools.iter().cloned().collect::<Vec<_>>().join(",")});
+    if let Some(offer) = offer {
+        annotations[RELEASE_GROUP_ANNOTATION] = json!(offer.group);
+        annotations[RELEASE_CONTAINER_ANNOTATION] = json!(offer.container_id);
+        annotations[RELEASE_IFNAME_ANNOTATION] = json!(offer.ifname);
+    }
     json!({
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -99,18 +159,19 @@ fn ticket_body(namespace: &str, pools: &BTreeSet<String>, holder: &str) -> Value
             "generateName": TICKET_PREFIX,
             "namespace": namespace,
             "labels": {TICKET_LABEL: TICKET_KIND, "app.kubernetes.io/managed-by": "thereabouts"},
-            "annotations": {POOLS_ANNOTATION: pools.iter().cloned().collect::<Vec<_>>().join(",")},
+            "annotations": annotations,
         },
         "spec": {"holderIdentity": holder, "leaseDurationSeconds": STALL.as_secs(), "acquireTime": now, "renewTime": now},
     })
 }
 
-/// Queues for `pools` and returns once it is this call's turn; `None` when
-/// the call goes ahead without one (see the module comment), with why logged.
-pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, deadline: Instant) -> Option<Turn> {
+/// Queues for `pools` and returns once it is this call's turn, or once a DEL
+/// of its group served it ([`Turn::served_at`]); `None` when the call goes
+/// ahead without one (see the module comment), with why logged.
+pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, offer: Option<&ReleaseOffer>, deadline: Instant) -> Option<Turn> {
     let pools: BTreeSet<String> = pools.iter().map(|p| p.name.clone()).collect();
     let give_up = deadline.checked_sub(WAIT_MARGIN).unwrap_or(deadline);
-    let mine = match create(store, &pools, holder, deadline) {
+    let mine = match create(store, &pools, holder, offer, deadline) {
         Ok(ticket) => ticket,
         Err(why) => {
             logging::verbose(format!("no turn taken on pools {pools:?}, going ahead: {why}"));
@@ -118,9 +179,13 @@ pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, dead
         }
     };
     match wait(store, &mine, give_up) {
-        Ok(waited) => {
+        Ok(Waited::Ours(waited)) => {
             logging::debug(format!("turn {} on pools {pools:?}: ours after {} ms", mine.name, waited.as_millis()));
-            Some(Turn { renewal: renew(store, &mine.name), name: mine.name })
+            Some(Turn { renewal: Some(renew(store, &mine.name)), name: mine.name, version: mine.version, served_at: None })
+        }
+        Ok(Waited::Served { after, revision }) => {
+            logging::debug(format!("turn {} on pools {pools:?}: served by another DEL after {} ms", mine.name, after.as_millis()));
+            Some(Turn { renewal: None, name: mine.name, version: mine.version, served_at: Some(revision) })
         }
         Err(why) => {
             logging::verbose(format!("turn {} on pools {pools:?}: going ahead without it: {why}", mine.name));
@@ -132,13 +197,57 @@ pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, dead
 
 /// Ends a turn: the next one in the queue goes.
 pub(super) fn end(store: &KubernetesStore, turn: Turn) {
-    turn.renewal.abort();
-    delete(store, &turn.name, None);
+    if let Some(renewal) = turn.renewal {
+        renewal.abort();
+        delete(store, &turn.name, None);
+    }
 }
 
-fn create(store: &KubernetesStore, pools: &BTreeSet<String>, holder: &str, deadline: Instant) -> Result<Ticket, String> {
+/// The DELs of `offer`'s group queued behind `turn` for exactly `pools`,
+/// oldest first, at most [`SERVE_AT_MOST`]: their ticket names and
+/// attachments. Best effort: any failure serves nobody.
+pub(super) fn queued(store: &KubernetesStore, turn: &Turn, pools: &[PoolId], offer: &ReleaseOffer, deadline: Instant) -> Vec<(String, String, String)> {
+    // Served itself: its ticket is gone, and the DELs behind it go on their own.
+    if turn.renewal.is_none() {
+        return Vec::new();
+    }
+    let pools: BTreeSet<String> = pools.iter().map(|p| p.name.clone()).collect();
+    let listed = match list(store, turn.version, deadline) {
+        Ok((tickets, _)) => tickets,
+        Err(why) => {
+            logging::debug(format!("turn {}: not serving the DELs queued behind it: {why}", turn.name));
+            return Vec::new();
+        }
+    };
+    let mut behind: Vec<Ticket> =
+        listed.into_iter().filter(|t| t.version > turn.version && t.pools == pools && t.offer.as_ref().is_some_and(|o| o.group == offer.group)).collect();
+    behind.sort_by_key(|t| t.version);
+    behind.into_iter().take(SERVE_AT_MOST).filter_map(|t| t.offer.map(|o| (t.name, o.container_id, o.ifname))).collect()
+}
+
+/// Tells the DELs whose tickets are `names` that a write served them: their
+/// tickets go (all at once), and they stop waiting. Best effort: one that
+/// stays waits for its turn and then finds nothing to do.
+pub(super) fn dismiss(store: &KubernetesStore, names: &[String]) {
+    let requests: Vec<super::Request> = names
+        .iter()
+        .map(|name| super::Request {
+            method: Method::DELETE,
+            path: ticket_path(&store.namespace, name),
+            body: None,
+            action: format!("deleting served turn ticket {}/{name}", store.namespace),
+        })
+        .collect();
+    for answer in store.call_all(&requests, Instant::now() + CLEANUP_GRACE, CLEANUP_GRACE, 0) {
+        if let Err(e) = answer {
+            logging::debug(format!("{e}"));
+        }
+    }
+}
+
+fn create(store: &KubernetesStore, pools: &BTreeSet<String>, holder: &str, offer: Option<&ReleaseOffer>, deadline: Instant) -> Result<Ticket, String> {
     let action = format!("creating a turn ticket (Lease) in namespace {}", store.namespace);
-    let body = ticket_body(&store.namespace, pools, holder);
+    let body = ticket_body(&store.namespace, pools, holder, offer);
     match store.call(Method::POST, &collection_path(&store.namespace), Some((JSON, &body)), &action, deadline) {
         Ok(Reply::Object(created)) => Ticket::parse(&created).ok_or_else(|| format!("the created ticket has no numeric resourceVersion: {created}")),
         Ok(Reply::Status(s)) if s.code == 403 => {
@@ -149,8 +258,17 @@ fn create(store: &KubernetesStore, pools: &BTreeSet<String>, holder: &str, deadl
     }
 }
 
-/// Waits until no ticket is ahead of `mine`; returns how long that took.
-fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Duration, String> {
+/// How a wait in the queue ended.
+enum Waited {
+    /// No ticket is ahead any more, after this long.
+    Ours(Duration),
+    /// Our ticket left the queue (a DEL of our group served us), found by the
+    /// LIST of `revision`, after this long.
+    Served { after: Duration, revision: String },
+}
+
+/// Waits until no ticket is ahead of `mine`, or `mine` is gone from the queue.
+fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Waited, String> {
     let started = Instant::now();
     // The queue ahead as last listed, and since when it has looked exactly so.
     let mut unchanged: Option<(Vec<Ticket>, Instant)> = None;
@@ -158,9 +276,13 @@ fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Dura
         if Instant::now() >= give_up {
             return Err("the call's time is running short".into());
         }
-        let (ahead, revision) = list_ahead(store, mine, give_up)?;
+        let (listed, revision) = list(store, mine.version, give_up)?;
+        if !listed.iter().any(|t| t.name == mine.name) {
+            return Ok(Waited::Served { after: started.elapsed(), revision });
+        }
+        let ahead = ahead_of(mine, listed);
         if ahead.is_empty() {
-            return Ok(started.elapsed());
+            return Ok(Waited::Ours(started.elapsed()));
         }
         match &unchanged {
             Some((before, since)) if *before == ahead => {
@@ -199,14 +321,20 @@ fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Dura
             }
         }
         if all_gone {
-            return Ok(started.elapsed());
+            return Ok(Waited::Ours(started.elapsed()));
         }
     }
 }
 
-/// The tickets ahead of `mine` (sharing a pool, lower version), oldest first,
-/// and the revision of the LIST.
-fn list_ahead(store: &KubernetesStore, mine: &Ticket, deadline: Instant) -> Result<(Vec<Ticket>, String), String> {
+/// The tickets of `listed` ahead of `mine` (sharing a pool, lower version), oldest first.
+fn ahead_of(mine: &Ticket, listed: Vec<Ticket>) -> Vec<Ticket> {
+    let mut ahead: Vec<Ticket> = listed.into_iter().filter(|t| t.version < mine.version && !t.pools.is_disjoint(&mine.pools)).collect();
+    ahead.sort_by_key(|t| t.version);
+    ahead
+}
+
+/// Every ticket in the queue, as new as `version` at least, and the revision of the LIST.
+fn list(store: &KubernetesStore, version: u64, deadline: Instant) -> Result<(Vec<Ticket>, String), String> {
     let action = format!("listing the turn tickets in namespace {}", store.namespace);
     // At least as new as our own ticket, so every ticket made before it is in
     // the answer; no newer needed: the watch cache answers as soon as it has seen
@@ -216,7 +344,7 @@ fn list_ahead(store: &KubernetesStore, mine: &Ticket, deadline: Instant) -> Resu
         "{}?labelSelector={}%3D{TICKET_KIND}&resourceVersion={}&resourceVersionMatch=NotOlderThan",
         collection_path(&store.namespace),
         TICKET_LABEL.replace('/', "%2F"),
-        mine.version
+        version
     );
     let list = match store.call(Method::GET, &path, None, &action, deadline).map_err(|e| e.to_string())? {
         Reply::Object(list) => list,
@@ -224,9 +352,7 @@ fn list_ahead(store: &KubernetesStore, mine: &Ticket, deadline: Instant) -> Resu
     };
     let revision = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
     let items = list.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    let mut ahead: Vec<Ticket> = items.iter().filter_map(Ticket::parse).filter(|t| t.version < mine.version && !t.pools.is_disjoint(&mine.pools)).collect();
-    ahead.sort_by_key(|t| t.version);
-    Ok((ahead, revision))
+    Ok((items.iter().filter_map(Ticket::parse).collect(), revision))
 }
 
 /// Watches ticket `name` from `revision` on; true once it is deleted, false
@@ -312,10 +438,11 @@ mod tests {
     #[test]
     fn a_ticket_is_read_back_from_its_own_body() {
         let pools: BTreeSet<String> = ["b".to_string(), "a".to_string()].into();
-        let mut body = ticket_body("ns", &pools, "default/pod c1 eth0");
+        let offer = ReleaseOffer { group: "g".into(), container_id: "c1".into(), ifname: "eth0".into() };
+        let mut body = ticket_body("ns", &pools, "default/pod c1 eth0", Some(&offer));
         body["metadata"]["name"] = json!("thereabouts-turn-x");
         body["metadata"]["resourceVersion"] = json!("42");
-        assert_eq!(Ticket::parse(&body), Some(Ticket { name: "thereabouts-turn-x".into(), version: 42, pools }));
+        assert_eq!(Ticket::parse(&body), Some(Ticket { name: "thereabouts-turn-x".into(), version: 42, pools, offer: Some(offer) }));
         assert_eq!(body["metadata"]["annotations"][POOLS_ANNOTATION], "a,b");
     }
 }
