@@ -198,6 +198,11 @@ fn until_committed<T>(
                     return Err(DatastoreError::Timeout { what: format!("{what} (planning around reservations)") }.into());
                 }
             }
+            Outcome::Retry(Retry::Turn) => {
+                if Instant::now() >= deadline {
+                    return Err(DatastoreError::Timeout { what: format!("{what} (waiting for its turn)") }.into());
+                }
+            }
             Outcome::Retry(Retry::Conflict { pool }) => {
                 conflicts += 1;
                 crate::logging::debug(format!("{what}: pool {pool} changed concurrently; planning again"));

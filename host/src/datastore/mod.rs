@@ -276,6 +276,10 @@ pub enum Retry {
     /// The reservation is now among the pool's [`Pool::reserved`]: plan again
     /// around it at once (lowest free, no pause, not contention).
     Reserved { pool: String, name: String },
+    /// Nothing was written: the call queued for its turn on its pools first (a
+    /// DEL, see [`Transaction::release_together`]) and now holds it, or was
+    /// served meanwhile. Read and plan again at once.
+    Turn,
 }
 
 /// How a [`Transaction::commit`] ended, when the store answered.

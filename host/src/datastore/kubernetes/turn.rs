@@ -96,6 +96,9 @@ pub(super) struct Turn {
     /// found it gone. Reads of the pools ask for one at least as new, which
     /// holds the write that served it.
     served_at: Option<String>,
+    /// The queue as the wait last listed it, when that LIST is what ended the
+    /// wait: the first [`queued`] of the turn uses it instead of another.
+    listed: Option<Vec<Ticket>>,
 }
 
 impl Turn {
@@ -179,13 +182,13 @@ pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, offe
         }
     };
     match wait(store, &mine, give_up) {
-        Ok(Waited::Ours(waited)) => {
+        Ok(Waited::Ours(waited, listed)) => {
             logging::debug(format!("turn {} on pools {pools:?}: ours after {} ms", mine.name, waited.as_millis()));
-            Some(Turn { renewal: Some(renew(store, &mine.name)), name: mine.name, version: mine.version, served_at: None })
+            Some(Turn { renewal: Some(renew(store, &mine.name)), name: mine.name, version: mine.version, served_at: None, listed })
         }
         Ok(Waited::Served { after, revision }) => {
             logging::debug(format!("turn {} on pools {pools:?}: served by another DEL after {} ms", mine.name, after.as_millis()));
-            Some(Turn { renewal: None, name: mine.name, version: mine.version, served_at: Some(revision) })
+            Some(Turn { renewal: None, name: mine.name, version: mine.version, served_at: Some(revision), listed: None })
         }
         Err(why) => {
             logging::verbose(format!("turn {} on pools {pools:?}: going ahead without it: {why}", mine.name));
@@ -206,14 +209,14 @@ pub(super) fn end(store: &KubernetesStore, turn: Turn) {
 /// The DELs of `offer`'s group queued behind `turn` for exactly `pools`,
 /// oldest first, at most [`SERVE_AT_MOST`]: their ticket names and
 /// attachments. Best effort: any failure serves nobody.
-pub(super) fn queued(store: &KubernetesStore, turn: &Turn, pools: &[PoolId], offer: &ReleaseOffer, deadline: Instant) -> Vec<(String, String, String)> {
+pub(super) fn queued(store: &KubernetesStore, turn: &mut Turn, pools: &[PoolId], offer: &ReleaseOffer, deadline: Instant) -> Vec<(String, String, String)> {
     // Served itself: its ticket is gone, and the DELs behind it go on their own.
     if turn.renewal.is_none() {
         return Vec::new();
     }
     let pools: BTreeSet<String> = pools.iter().map(|p| p.name.clone()).collect();
-    let listed = match list(store, turn.version, deadline) {
-        Ok((tickets, _)) => tickets,
+    let listed = match turn.listed.take().map(Ok).unwrap_or_else(|| list(store, turn.version, deadline).map(|(tickets, _)| tickets)) {
+        Ok(tickets) => tickets,
         Err(why) => {
             logging::debug(format!("turn {}: not serving the DELs queued behind it: {why}", turn.name));
             return Vec::new();
@@ -260,8 +263,8 @@ fn create(store: &KubernetesStore, pools: &BTreeSet<String>, holder: &str, offer
 
 /// How a wait in the queue ended.
 enum Waited {
-    /// No ticket is ahead any more, after this long.
-    Ours(Duration),
+    /// No ticket is ahead any more, after this long; the queue, when a LIST told.
+    Ours(Duration, Option<Vec<Ticket>>),
     /// Our ticket left the queue (a DEL of our group served us), found by the
     /// LIST of `revision`, after this long.
     Served { after: Duration, revision: String },
@@ -280,9 +283,9 @@ fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Wait
         if !listed.iter().any(|t| t.name == mine.name) {
             return Ok(Waited::Served { after: started.elapsed(), revision });
         }
-        let ahead = ahead_of(mine, listed);
+        let ahead = ahead_of(mine, &listed);
         if ahead.is_empty() {
-            return Ok(Waited::Ours(started.elapsed()));
+            return Ok(Waited::Ours(started.elapsed(), Some(listed)));
         }
         match &unchanged {
             Some((before, since)) if *before == ahead => {
@@ -321,14 +324,14 @@ fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Wait
             }
         }
         if all_gone {
-            return Ok(Waited::Ours(started.elapsed()));
+            return Ok(Waited::Ours(started.elapsed(), None));
         }
     }
 }
 
 /// The tickets of `listed` ahead of `mine` (sharing a pool, lower version), oldest first.
-fn ahead_of(mine: &Ticket, listed: Vec<Ticket>) -> Vec<Ticket> {
-    let mut ahead: Vec<Ticket> = listed.into_iter().filter(|t| t.version < mine.version && !t.pools.is_disjoint(&mine.pools)).collect();
+fn ahead_of(mine: &Ticket, listed: &[Ticket]) -> Vec<Ticket> {
+    let mut ahead: Vec<Ticket> = listed.iter().filter(|t| t.version < mine.version && !t.pools.is_disjoint(&mine.pools)).cloned().collect();
     ahead.sort_by_key(|t| t.version);
     ahead
 }
