@@ -477,15 +477,18 @@ fn a_lost_race_waits_for_the_ticket_ahead_to_go() {
     let mut answers =
         first_attempt_refused(&p, Answer::Status(422, "Invalid", json!({"causes": [{"message": "testing value /metadata/resourceVersion failed"}]})));
     // Ahead: t0 (same pool, older); not t2 (newer) nor t9 (another pool).
-    answers.extend([tickets(vec![ticket("t0", "19", &p.name), ticket("t2", "21", &p.name), ticket("t9", "18", "other")]), deleted, ok()]);
+    let still_there = Answer::Ok(ticket("t1", "20", &p.name));
+    answers.extend([tickets(vec![ticket("t0", "19", &p.name), ticket("t2", "21", &p.name), ticket("t9", "18", "other")]), deleted, still_there, ok()]);
     let (s, log, _) = store("ns", answers);
     let tx = lose_first_attempt(&s, &p);
     assert!(tx.serialized());
     assert_eq!(log.lines()[3], format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1"));
     assert_eq!(log.lines()[6], format!("GET {LEASES}?watch=true&fieldSelector=metadata.name%3Dt0&resourceVersion=100&timeoutSeconds=1"));
+    // Its own ticket is still there: its turn (not served by a DEL's write).
+    assert_eq!(log.lines()[7], format!("GET {LEASES}/t1"));
     drop(tx);
     // The turn ends with the call.
-    assert_eq!(log.lines()[7..], [format!("DELETE {LEASES}/t1")]);
+    assert_eq!(log.lines()[8..], [format!("DELETE {LEASES}/t1")]);
 }
 
 #[test]
@@ -530,7 +533,7 @@ fn a_watch_from_a_revision_too_old_lists_the_queue_again() {
     let deleted = Answer::Ok(json!({"type": "DELETED", "object": ticket("t0", "19", &p.name)}));
     let ahead = || tickets(vec![ticket("t0", "19", &p.name)]);
     let mut answers = first_attempt_refused(&p, Answer::Status(409, "Conflict", Value::Null));
-    answers.extend([ahead(), gone, ahead(), deleted, ok()]);
+    answers.extend([ahead(), gone, ahead(), deleted, ok(), ok()]);
     let (s, log, _) = store("ns", answers);
     let tx = lose_first_attempt(&s, &p);
     // Still in the queue, not gone ahead without a turn.
@@ -616,6 +619,29 @@ fn a_del_whose_ticket_left_the_queue_was_served_and_reads_the_pool_as_new_as_the
     drop(tx);
     // Its ticket is gone already: nothing to delete.
     assert_eq!(log.lines().len(), 4);
+}
+
+#[test]
+fn a_del_whose_ticket_went_while_it_watched_the_one_ahead_was_served_at_that_delete() {
+    let p = pool("192.0.2.0/24");
+    let mut deleted_t0 = ticket("t0", "19", &p.name);
+    deleted_t0["metadata"]["resourceVersion"] = json!("30");
+    let answers = vec![
+        listed(&p, "10", "12", json!({"1": entry("c1", "a")})),
+        Answer::Ok(del_ticket("t1", "20", &p.name, "g", "c1")),
+        tickets(vec![del_ticket("t0", "19", &p.name, "g", "c0")]),
+        Answer::Ok(json!({"type": "DELETED", "object": deleted_t0})),
+        Answer::Status(404, "NotFound", Value::Null),
+        listed(&p, "12", "31", json!({})),
+    ];
+    let (s, log, _) = store("ns", answers);
+    let mut tx = del_queueing(&s, &p);
+    assert!(tx.queued_releases().is_empty());
+    tx.load().unwrap();
+    assert_eq!(log.lines()[4], format!("GET {LEASES}/t1"));
+    assert_eq!(log.lines()[5], format!("GET {API}/ippools?fieldSelector=metadata.name%3D192.0.2.0-24&resourceVersion=30&resourceVersionMatch=NotOlderThan"));
+    drop(tx);
+    assert_eq!(log.lines().len(), 6);
 }
 
 fn slice_pool(allocations: Value) -> Answer {

@@ -315,16 +315,28 @@ fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Wait
         // again: only the tickets right behind the head need to notice soon that
         // it died, and a LIST of a long queue is what costs.
         let patience = STALL * (1 + ahead.len() as u32 / 8);
-        let mut all_gone = true;
+        // The revision of the last delete seen: a ticket goes only after its
+        // holder's write, so a read as new as this one holds that write.
+        let mut deleted_at = None;
         for ticket in nearest {
             let until = (Instant::now() + patience).min(give_up);
-            if !watch_until_deleted(store, &ticket.name, &revision, until)? {
-                all_gone = false;
-                break;
+            match watch_until_deleted(store, &ticket.name, &revision, until)? {
+                Some(at) => deleted_at = Some(at),
+                None => {
+                    deleted_at = None;
+                    break;
+                }
             }
         }
-        if all_gone {
-            return Ok(Waited::Ours(started.elapsed(), None));
+        if let Some(at) = deleted_at {
+            // Still queued, or served meanwhile (its ticket deleted by the DEL
+            // that removed its entries)? One GET of the small ticket, not a
+            // LIST of the queue: a write that served many wakes them all.
+            return Ok(if still_queued(store, &mine.name, give_up) {
+                Waited::Ours(started.elapsed(), None)
+            } else {
+                Waited::Served { after: started.elapsed(), revision: at }
+            });
         }
     }
 }
@@ -358,9 +370,16 @@ fn list(store: &KubernetesStore, version: u64, deadline: Instant) -> Result<(Vec
     Ok((items.iter().filter_map(Ticket::parse).collect(), revision))
 }
 
-/// Watches ticket `name` from `revision` on; true once it is deleted, false
-/// when `until` came first or the watch ended without it.
-fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, until: Instant) -> Result<bool, String> {
+/// Whether ticket `name` still exists; a failed read says it does (the call
+/// then takes its turn, which is always safe).
+fn still_queued(store: &KubernetesStore, name: &str, deadline: Instant) -> bool {
+    let action = format!("reading turn ticket {}/{name}", store.namespace);
+    !matches!(store.call(Method::GET, &ticket_path(&store.namespace, name), None, &action, deadline), Ok(Reply::Status(s)) if s.code == 404)
+}
+
+/// Watches ticket `name` from `revision` on; the revision of its delete once
+/// it is deleted, `None` when `until` came first or the watch ended without it.
+fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, until: Instant) -> Result<Option<String>, String> {
     let limit = until.saturating_duration_since(Instant::now());
     let path = format!(
         "{}?watch=true&fieldSelector=metadata.name%3D{name}&resourceVersion={revision}&timeoutSeconds={}",
@@ -374,26 +393,29 @@ fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, unti
     let watched = store.runtime.within(limit, async move {
         let events = match client.request_events::<Value>(request).await {
             Ok(events) => events,
-            Err(kube::Error::Api(s)) if s.code == GONE => return Ok(false),
+            Err(kube::Error::Api(s)) if s.code == GONE => return Ok(None),
             Err(e) => return Err(e.to_string()),
         };
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.try_next().await.map_err(|e| e.to_string())? {
             match event {
-                WatchEvent::Deleted(_) => return Ok(true),
+                WatchEvent::Deleted(gone) => {
+                    let at = gone.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(revision);
+                    return Ok(Some(at.to_string()));
+                }
                 // The revision listed is older than the watch cache's window
                 // (a long queue moves fast): list again, not a failure.
-                WatchEvent::Error(e) if e.code == GONE => return Ok(false),
+                WatchEvent::Error(e) if e.code == GONE => return Ok(None),
                 WatchEvent::Error(e) => return Err(format!("watch answered {}: {}", e.code, e.message)),
                 WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Bookmark(_) => {}
             }
         }
-        Ok(false)
+        Ok(None)
     });
     match watched {
         Some(Ok(deleted)) => Ok(deleted),
         Some(Err(e)) => Err(format!("watching turn ticket {name}: {e}")),
-        None => Ok(false),
+        None => Ok(None),
     }
 }
 
