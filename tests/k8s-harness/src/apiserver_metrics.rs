@@ -109,6 +109,12 @@ impl RequestCounts {
         sum(self.requests.iter().filter(|((_, _, code), _)| code == "409" || code == "422").map(|(_, v)| v))
     }
 
+    /// Requests the apiserver answered with a server error (5xx: 500, 503
+    /// overload, 504 timeout).
+    pub fn server_errors(&self) -> f64 {
+        sum(self.requests.iter().filter(|((_, _, code), _)| code.starts_with('5')).map(|(_, v)| v))
+    }
+
     /// etcd writes (create, update, delete, including the apiserver's own retries).
     pub fn etcd_writes(&self) -> f64 {
         sum(self.etcd.iter().filter(|((op, _), _)| matches!(op.as_str(), "create" | "update" | "delete")).map(|(_, v)| v))

@@ -305,6 +305,11 @@ fn requests(phase: &Phase<RequestCounts>) -> String {
     phase.requests.as_ref().map_or("?".into(), |r| format!("{:.1}", r.total() / phase.calls.max(1) as f64))
 }
 
+/// The apiserver's refusals (409/422) and server errors (5xx) in a phase, as counts.
+fn answers(phase: &Phase<RequestCounts>) -> String {
+    phase.requests.as_ref().map_or("?".into(), |r| format!("{:.0} / {:.0}", r.conflicts(), r.server_errors()))
+}
+
 fn latencies(phase: &Phase<RequestCounts>) -> String {
     let l = &phase.latencies;
     format!("{} / {} / {}", ms(percentile(l, 50.0)), ms(percentile(l, 99.0)), ms(l.iter().max().copied().unwrap_or_default()))
@@ -334,12 +339,12 @@ fn main() -> Result<()> {
     );
     println!();
     println!(
-        "| scenario | plugin | ADDs ok | DELs ok | duplicates | ADD wall | ADD p50 / p99 / max | DEL wall | DEL p50 / p99 / max | API requests per ADD / DEL | plugin CPU per ADD / DEL | apiserver+etcd CPU per ADD / DEL | left: entries / reservations |"
+        "| scenario | plugin | ADDs ok | DELs ok | duplicates | ADD wall | ADD p50 / p99 / max | DEL wall | DEL p50 / p99 / max | API requests per ADD / DEL | plugin CPU per ADD / DEL | apiserver+etcd CPU per ADD / DEL | 409+422 / 5xx answers in ADDs, DELs | left: entries / reservations |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {} | {} / {} | {} / {} | {} | {:.2} s | {} | {:.2} s | {} | {} / {} | {} / {} | {} / {} | {} / {} |",
+            "| {} | {} | {} / {} | {} / {} | {} | {:.2} s | {} | {:.2} s | {} | {} / {} | {} / {} | {} / {} | {}, {} | {} / {} |",
             r.scenario,
             r.plugin.name(),
             r.adds.calls - r.adds.failed,
@@ -357,6 +362,8 @@ fn main() -> Result<()> {
             per(r.dels.plugin_cpu, r.dels.calls),
             per(r.adds.server_cpu, r.adds.calls),
             per(r.dels.server_cpu, r.dels.calls),
+            answers(&r.adds),
+            answers(&r.dels),
             r.left_entries,
             r.left_reservations,
         );
