@@ -35,7 +35,7 @@ pub const FLAT_FILE_PATHS: [&str; 4] = [
 
 /// `ipam` keys merged from the flat file when the inline config leaves them empty.
 /// `enable_overlapping_ranges` is deliberately absent: the flat file cannot change it.
-const MERGED_KEYS: [&str; 31] = [
+const MERGED_KEYS: [&str; 32] = [
     "range",
     "range_start",
     "range_end",
@@ -65,6 +65,7 @@ const MERGED_KEYS: [&str; 31] = [
     "leader_renew_deadline",
     "leader_retry_period",
     "node_slice_size",
+    "node_slice_max_entries",
     "ipRangesAllocation",
     "policies",
 ];
@@ -200,6 +201,7 @@ fn range_specs(ipam: &Map<String, Value>) -> Result<Vec<RangeSpec>> {
             exclude: gojson::strings(ipam, "exclude", "ipam.exclude")?,
             gateway: None,
             node_slice_size: None,
+            node_slice_max_entries: None,
         });
     }
     for (i, entry) in gojson::array(ipam, "ipRanges", "ipam.ipRanges")?.into_iter().flatten().enumerate() {
@@ -215,6 +217,7 @@ fn range_specs(ipam: &Map<String, Value>) -> Result<Vec<RangeSpec>> {
             exclude: gojson::strings(entry, "exclude", &format!("{path}.exclude"))?,
             gateway: strict_ip(entry, "gateway", &format!("{path}.gateway"))?,
             node_slice_size: gojson::string(entry, "node_slice_size", &format!("{path}.node_slice_size"))?,
+            node_slice_max_entries: max_entries(entry, &format!("{path}.node_slice_max_entries"))?,
             range,
             path,
         });
@@ -365,9 +368,22 @@ fn check_addresses_fit_version(cni_version: &str, ranges: &[NormalizedRange], st
     Ok(())
 }
 
-/// Applies `node_slice_size` (top-level, or an `ipRanges` entry's own) to the ranges.
+/// `node_slice_max_entries` of `object`: a whole number of entries, at least 1.
+fn max_entries(object: &Map<String, Value>, path: &str) -> Result<Option<u32>> {
+    match gojson::field(object, "node_slice_max_entries") {
+        None => Ok(None),
+        Some(Value::Number(n)) => n.as_u64().filter(|n| *n >= 1).and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| {
+            ConfigError::invalid(path, format!("invalid node_slice_max_entries {n}: expected a whole number of entries per node pool, at least 1"))
+        }),
+        Some(other) => Err(ConfigError::invalid(path, format!("expected a number, got {} ({other})", gojson::kind(other)))),
+    }
+}
+
+/// Applies `node_slice_size` and `node_slice_max_entries` (top-level, or an
+/// `ipRanges` entry's own) to the ranges.
 fn slice_ranges(ipam: &Map<String, Value>, specs: &[RangeSpec], ranges: &mut [NormalizedRange], base: &str) -> Result<()> {
     let top = gojson::string(ipam, "node_slice_size", "ipam.node_slice_size")?.filter(|s| !s.is_empty());
+    let top_max_entries = max_entries(ipam, "ipam.node_slice_max_entries")?;
     let Some(first_cidr) = ranges.first().map(|r| r.cidr.clone()) else { return Ok(()) };
     for (spec, range) in specs.iter().zip(ranges.iter_mut()) {
         let (size, field) = match (&spec.node_slice_size, &top) {
@@ -383,7 +399,9 @@ fn slice_ranges(ipam: &Map<String, Value>, specs: &[RangeSpec], ranges: &mut [No
                 ),
             ));
         }
-        range.node_slicing = Some(crate::slices::slicing(range, size, &field, crate::slices::slice_pool_name(base, &first_cidr, range))?);
+        let mut slicing = crate::slices::slicing(range, size, &field, crate::slices::slice_pool_name(base, &first_cidr, range))?;
+        slicing.max_entries = spec.node_slice_max_entries.or(top_max_entries);
+        range.node_slicing = Some(slicing);
     }
     // Ranges of one network share its pools, and so must share its slices.
     for (i, range) in ranges.iter().enumerate() {

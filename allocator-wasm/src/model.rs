@@ -47,6 +47,9 @@ pub struct NodeSlicing {
     pub slice_pool: String,
     /// Prefix length of every slice.
     pub prefix_len: u8,
+    /// `node_slice_max_entries`: entries a node's slice pool takes before the
+    /// node prefers a new slice.
+    pub max_entries: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -25,6 +25,8 @@ pub struct RangeSpec {
     /// The entry's own `node_slice_size` (thereabouts extension for `ipRanges`
     /// items; the top-level one applies to entries without).
     pub node_slice_size: Option<String>,
+    /// The entry's own `node_slice_max_entries` (as `node_slice_size`).
+    pub node_slice_max_entries: Option<u32>,
 }
 
 /// Normalize one range entry. `default_gateway` is the top-level `gateway`, used

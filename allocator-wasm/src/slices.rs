@@ -57,7 +57,7 @@ pub fn slicing(range: &NormalizedRange, size: &str, field: &str, slice_pool: Str
             ),
         ));
     }
-    Ok(NodeSlicing { slice_pool, prefix_len })
+    Ok(NodeSlicing { slice_pool, prefix_len, max_entries: None })
 }
 
 /// The name of a range's `NodeSlicePool`: whereabouts' for the first range
@@ -193,6 +193,24 @@ mod tests {
         assert_eq!(error(r#""range":"192.0.2.0/24","node_slice_size":"/31""#).field, "ipam.node_slice_size");
         assert!(error(r#""range":"10.0.0.0/8","node_slice_size":"/24""#).message.contains("use /20 or shorter"));
         assert!(error(r#""range":"192.0.2.0/24","node_slice_size":"big""#).message.contains("invalid node_slice_size"));
+    }
+
+    #[test]
+    fn node_slice_max_entries_applies_top_level_or_per_entry_and_must_be_a_positive_count() {
+        let c = config(
+            r#""network_name":"blue","ipRanges":[{"range":"198.51.100.0/24"},{"range":"2001:db8::/64","node_slice_size":"/76","node_slice_max_entries":8}],"node_slice_size":"26","node_slice_max_entries":32"#,
+        );
+        let max = |i: usize| c.ranges[i].node_slicing.as_ref().unwrap().max_entries;
+        assert_eq!((max(0), max(1)), (Some(32), Some(8)));
+        assert_eq!(config(r#""range":"192.0.2.0/24","node_slice_size":"/26""#).ranges[0].node_slicing.as_ref().unwrap().max_entries, None);
+        for bad in ["0", "-1", "1.5", "\"8\"", "4294967296"] {
+            let e = error(&format!(r#""range":"192.0.2.0/24","node_slice_size":"/26","node_slice_max_entries":{bad}"#));
+            assert_eq!(e.field, "ipam.node_slice_max_entries", "{bad}");
+        }
+        assert_eq!(
+            error(r#""ipRanges":[{"range":"192.0.2.0/24","node_slice_max_entries":0}],"node_slice_size":"/26""#).field,
+            "ipam.ipRanges[0].node_slice_max_entries"
+        );
     }
 
     #[test]

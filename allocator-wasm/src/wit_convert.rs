@@ -81,7 +81,11 @@ macro_rules! wit_conversions {
                     gateway: r.gateway.clone(),
                     pool_name: r.pool_name.clone(),
                     requested: r.requested.clone(),
-                    node_slicing: r.node_slicing.as_ref().map(|s| wit::NodeSlicing { slice_pool: s.slice_pool.clone(), prefix_len: s.prefix_len }),
+                    node_slicing: r.node_slicing.as_ref().map(|s| wit::NodeSlicing {
+                        slice_pool: s.slice_pool.clone(),
+                        prefix_len: s.prefix_len,
+                        max_entries: s.max_entries,
+                    }),
                 }
             }
 
@@ -108,7 +112,7 @@ macro_rules! wit_conversions {
                     gateway: r.gateway,
                     pool_name: r.pool_name,
                     requested: r.requested,
-                    node_slicing: r.node_slicing.map(|s| model::NodeSlicing { slice_pool: s.slice_pool, prefix_len: s.prefix_len }),
+                    node_slicing: r.node_slicing.map(|s| model::NodeSlicing { slice_pool: s.slice_pool, prefix_len: s.prefix_len, max_entries: s.max_entries }),
                 })
             }
 

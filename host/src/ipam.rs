@@ -37,10 +37,11 @@ pub enum IpamError {
     /// A policy stopped the ADD (it failed with `on_error: deny`, or refused).
     #[error(transparent)]
     Policy(#[from] crate::policy::failure::PolicyStop),
-    /// Every slice this node holds of a sliced range is full: claim another
+    /// Every slice this node holds of a sliced range is full, or holds
+    /// `node_slice_max_entries` (`at_bound`): claim another
     /// ([`Placement::claim`]) and allocate again.
     #[error("the node's slices of range {cidr} are full")]
-    SlicesFull { range_index: usize, cidr: String },
+    SlicesFull { range_index: usize, cidr: String, at_bound: bool },
 }
 
 /// Who a call is about: CNI_CONTAINERID and CNI_IFNAME.
@@ -65,8 +66,10 @@ pub(crate) fn distinct_pools_of<'a>(ranges: impl IntoIterator<Item = &'a Normali
 }
 
 /// The config an ADD plans: each range's choice ([`Placement`]) that holds the
-/// attachment's entry already, else the first with a free address. Without node
-/// slices, the config itself.
+/// attachment's entry already, else the first with a free address and, where
+/// the range has `node_slice_max_entries`, fewer entries than that (so no pool
+/// object a call rewrites grows past it while a slice is free to claim).
+/// Without node slices, the config itself.
 fn chosen<'c>(
     config: &'c NormalizedConfig,
     placement: &Placement,
@@ -87,10 +90,14 @@ fn chosen<'c>(
             let taken: BTreeSet<u128> = entries.chain(reserved).filter(|o| in_span(r, *o)).collect();
             (taken.len() as u128) < r.usable
         };
-        let pick = choices.iter().find(|r| holds(r)).or_else(|| choices.iter().find(|r| has_room(r)));
+        let bound = placement.entry_bound(config, index);
+        let under_bound = |r: &NormalizedRange| bound.is_none_or(|max| entries_of(loaded, &r.pool_name).len() < max as usize);
+        let pick = choices.iter().find(|r| holds(r)).or_else(|| choices.iter().find(|r| has_room(r) && under_bound(r)));
         match (pick, config.ranges.get(index)) {
             (Some(range), _) => ranges.push(range.clone()),
-            (None, Some(whole)) if whole.node_slicing.is_some() => return Err(IpamError::SlicesFull { range_index: index, cidr: whole.cidr.clone() }),
+            (None, Some(whole)) if whole.node_slicing.is_some() => {
+                return Err(IpamError::SlicesFull { range_index: index, cidr: whole.cidr.clone(), at_bound: choices.iter().any(has_room) });
+            }
             // Unsliced and full: the engine says so in whereabouts' words.
             (None, _) => ranges.push(choices.first().cloned().ok_or(IpamError::EngineAnswer { detail: "a range without a choice" })?),
         }
@@ -661,6 +668,34 @@ mod tests {
         assert_eq!(updates.len(), 2);
         assert_eq!((updates[0].pool.name.as_str(), updates[0].expected.clone(), updates[0].changes.len()), ("b", Version("7".into()), 2));
         assert_eq!((updates[1].pool.name.as_str(), updates[1].expected.clone()), ("a", Version::absent()));
+    }
+
+    /// A node's pools of range 0 at `entries` each, bound 2 (`node_slice_max_entries`).
+    fn chosen_at(entries: &[usize], past_bound: bool) -> Result<String, IpamError> {
+        let text =
+            r#"{"cniVersion":"1.0.0","name":"net1","ipam":{"type":"thereabouts","range":"192.0.2.0/24","node_slice_size":"/28","node_slice_max_entries":2}}"#;
+        let config = thereabouts_allocator::config::normalize(text, None, "").expect("a valid config");
+        let slices = ["192.0.2.0/28", "192.0.2.16/28", "192.0.2.32/28"];
+        let mut placement = Placement::of_slices(&config, "node-a", &[&slices[..entries.len()]]);
+        if past_bound {
+            placement.lift_bound(0);
+        }
+        let mut loaded = BTreeMap::new();
+        for (choice, n) in placement.choices[0].iter().zip(entries) {
+            let entry = |i: usize| Allocation { offset: 1 + i as u128, container_id: format!("c{i}"), pod_ref: "ns/p".into(), ifname: "eth0".into() };
+            loaded.insert(choice.pool_name.clone(), Pool { entries: (0..*n).map(entry).collect(), ..Pool::default() });
+        }
+        let asking = Holder { container_id: "new", pod_ref: "ns/new", ifname: "eth0" };
+        chosen(&config, &placement, &loaded, asking).map(|c| c.ranges[0].cidr.clone())
+    }
+
+    #[test]
+    fn an_add_takes_the_first_slice_under_node_slice_max_entries_else_claims_or_fills_past_it() {
+        assert_eq!(chosen_at(&[2, 1], false).unwrap(), "192.0.2.16/28");
+        assert!(matches!(chosen_at(&[2, 2], false), Err(IpamError::SlicesFull { at_bound: true, .. })));
+        assert!(matches!(chosen_at(&[14, 14], false), Err(IpamError::SlicesFull { at_bound: false, .. })), "a /28 holds 14");
+        // No slice was free to claim: the pools fill up past the bound.
+        assert_eq!(chosen_at(&[2, 2], true).unwrap(), "192.0.2.0/28");
     }
 
     /// A store whose loads show `pool` and whose commits answer from a

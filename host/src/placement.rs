@@ -22,6 +22,9 @@ pub struct Placement {
     sliced: Vec<bool>,
     /// This node's name, when a range is sliced.
     pub node: Option<String>,
+    /// Per range of the config: no slice was free when its pools reached
+    /// `node_slice_max_entries`, so they fill up past it.
+    past_bound: Vec<bool>,
 }
 
 /// Whether a call may claim a slice for its node when it holds none (ADD) or
@@ -35,7 +38,12 @@ pub enum Claims {
 impl Placement {
     /// Every range as configured: no node slices.
     pub fn whole(config: &NormalizedConfig) -> Self {
-        Placement { choices: config.ranges.iter().map(|r| vec![r.clone()]).collect(), sliced: vec![false; config.ranges.len()], node: None }
+        Placement {
+            choices: config.ranges.iter().map(|r| vec![r.clone()]).collect(),
+            sliced: vec![false; config.ranges.len()],
+            node: None,
+            past_bound: vec![false; config.ranges.len()],
+        }
     }
 
     /// The ranges this node may use. Without `node_slice_size`, [`Placement::whole`]
@@ -80,7 +88,7 @@ impl Placement {
             choices.push(ranges);
         }
         let sliced = config.ranges.iter().map(|r| r.node_slicing.is_some()).collect();
-        let mut placement = Placement { choices, sliced, node: Some(node) };
+        let mut placement = Placement { choices, sliced, node: Some(node), past_bound: vec![false; config.ranges.len()] };
         if claims == Claims::Allowed {
             for index in 0..config.ranges.len() {
                 if placement.choices[index].is_empty() {
@@ -133,6 +141,53 @@ impl Placement {
             .map_err(|e| IpamError::Unplaceable { message: e.message })?;
         self.choices[index].push(slice_range);
         Ok(())
+    }
+
+    /// This node's `slices` of every range of `config` (the choices a
+    /// resolve would make), for tests of what an ADD picks.
+    #[cfg(test)]
+    pub fn of_slices(config: &NormalizedConfig, node: &str, slices: &[&[&str]]) -> Self {
+        let choices = config
+            .ranges
+            .iter()
+            .zip(slices)
+            .map(|(range, held)| held.iter().filter_map(|s| thereabouts_allocator::slices::in_slice(range, &config.network_name, node, s).ok()).collect())
+            .collect();
+        Placement { choices, sliced: vec![true; config.ranges.len()], node: Some(node.into()), past_bound: vec![false; config.ranges.len()] }
+    }
+
+    /// The entries a pool of range `index` may hold before the node prefers
+    /// a new slice: `node_slice_max_entries`, until no slice was free.
+    pub fn entry_bound(&self, config: &NormalizedConfig, index: usize) -> Option<u32> {
+        let max = config.ranges.get(index)?.node_slicing.as_ref()?.max_entries?;
+        (!self.past_bound.get(index).copied().unwrap_or(false)).then_some(max)
+    }
+
+    /// The node's pools of range `index` hold `node_slice_max_entries` each
+    /// and still have room: claims one more slice, or, when none is free,
+    /// lets them fill up past the bound (an ADD never fails for the bound).
+    pub fn claim_past_bound(
+        &mut self,
+        engine: &mut EngineComponent,
+        store: &dyn Datastore,
+        config: &NormalizedConfig,
+        index: usize,
+        deadline: Instant,
+    ) -> Result<(), IpamError> {
+        match self.claim(engine, store, config, index, deadline) {
+            Err(IpamError::Datastore(DatastoreError::NoSlice { .. })) => {
+                self.lift_bound(index);
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Range `index`'s pools fill up past `node_slice_max_entries`.
+    pub(crate) fn lift_bound(&mut self, index: usize) {
+        if let Some(past) = self.past_bound.get_mut(index) {
+            *past = true;
+        }
     }
 
     /// Whether any range is sliced.

@@ -162,7 +162,9 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     let assignments = loop {
         match ipam::allocate(engine, store, config, &placement, who, guide.as_ref(), deadline) {
             // The node's slices are full: it claims another and tries again.
-            Err(ipam::IpamError::SlicesFull { range_index, .. }) => placement.claim(engine, store, config, range_index, deadline)?,
+            Err(ipam::IpamError::SlicesFull { range_index, at_bound: false, .. }) => placement.claim(engine, store, config, range_index, deadline)?,
+            // Its slices hold `node_slice_max_entries`: another if one is free.
+            Err(ipam::IpamError::SlicesFull { range_index, at_bound: true, .. }) => placement.claim_past_bound(engine, store, config, range_index, deadline)?,
             other => break other?,
         }
     };

@@ -205,10 +205,14 @@ struct Usage {
 
 impl Usage {
     fn of(w: &Wanted, current: Option<&SliceTable>, pools: &BTreeMap<String, u128>) -> Self {
+        // With `node_slice_max_entries` a node's calls prefer a new slice once
+        // a pool holds that many, so the room that keeps an extra slice from
+        // going back is room under the bound.
+        let bound = w.range.node_slicing.as_ref().and_then(|s| s.max_entries).map_or(u128::MAX, u128::from);
         let mut capacity = BTreeMap::new();
         for slice in &w.desired.layout {
             if let Ok(r) = slices::in_slice(&w.range, &w.network_name, "node", slice) {
-                capacity.insert(slice.clone(), r.usable);
+                capacity.insert(slice.clone(), r.usable.min(bound));
             }
         }
         let mut entries = BTreeMap::new();
@@ -235,5 +239,37 @@ impl SliceUse for Usage {
     }
     fn usable(&self, slice: &str) -> bool {
         self.capacity.contains_key(slice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted(max_entries: &str) -> Wanted {
+        let text =
+            format!(r#"{{"cniVersion":"1.0.0","name":"net1","ipam":{{"type":"thereabouts","range":"192.0.2.0/24","node_slice_size":"/26"{max_entries}}}}}"#);
+        let config = thereabouts_allocator::config::normalize(&text, None, "").expect("a valid config");
+        let range = config.ranges[0].clone();
+        let layout = slices::layout(&range).expect("a sliced range");
+        let desired = Desired { name: "net1".into(), range: range.cidr.clone(), slice_size: "/26".into(), layout, source: "ns/net1".into() };
+        Wanted { desired, range, network_name: String::new() }
+    }
+
+    #[test]
+    fn with_node_slice_max_entries_a_slice_holds_that_many_for_the_hand_back_rule() {
+        let held = SliceTable {
+            range: "192.0.2.0/24".into(),
+            slice_size: "/26".into(),
+            allocations: vec![("a".into(), "192.0.2.0/26".into())],
+            cooling: BTreeMap::new(),
+            resource_version: "1".into(),
+            uid: "u".into(),
+        };
+        let pools = BTreeMap::from([("a-192.0.2.0-26".to_string(), 5u128)]);
+        let unbounded = Usage::of(&wanted(""), Some(&held), &pools);
+        assert_eq!((unbounded.capacity("192.0.2.0/26"), unbounded.free("a", "192.0.2.0/26")), (62, 57));
+        let bounded = Usage::of(&wanted(r#","node_slice_max_entries":8"#), Some(&held), &pools);
+        assert_eq!((bounded.capacity("192.0.2.0/26"), bounded.free("a", "192.0.2.0/26")), (8, 3));
     }
 }

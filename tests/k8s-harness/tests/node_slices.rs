@@ -218,3 +218,40 @@ fn a_cluster_on_whereabouts_node_slices_keeps_its_layout_and_allocations() {
     assert_eq!(holders(&objects, "compat"), layout);
     assert_eq!(objects.get(SLICE_POOLS, "compat").unwrap().unwrap()["spec"]["range"], V4);
 }
+
+/// Entries per node pool of `node`, from the IPPools named after it.
+fn node_pool_entries(objects: &Objects, node: &str) -> Vec<usize> {
+    let pools = objects.list(IPPOOLS).unwrap();
+    pools.iter().filter(|(name, _)| name.contains(node)).map(|(_, p)| p["spec"]["allocations"].as_object().map_or(0, |a| a.len())).collect()
+}
+
+#[test]
+fn a_node_pool_at_node_slice_max_entries_makes_the_node_claim_another_slice_and_fills_past_it_when_none_is_free() {
+    let cluster = Cluster::prepared().unwrap();
+    let objects = Objects::admin(&cluster).unwrap();
+    let tmp = TempDir::new("slices-bound");
+    let kubeconfig = block_on(controller::install(&cluster)).unwrap();
+    for node in ["node-a", "node-b"] {
+        block_on(controller::add_node(&cluster, node)).unwrap();
+    }
+    // 192.0.2.0/26 in four /28 slices of 14 addresses; a node pool takes 3 entries.
+    let mut conf = kubernetes_conf("slices", &cluster.plugin_kubeconfig(), Some("green"), &["192.0.2.0/26"]);
+    conf["ipam"]["node_slice_size"] = json!("/28");
+    conf["ipam"]["node_slice_max_entries"] = json!(3);
+    block_on(controller::create_nad(&cluster, "green", &conf)).unwrap();
+    let _controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
+    wait_until("both nodes hold a slice", Duration::from_secs(30), Duration::from_millis(200), || {
+        every_node_holds_one(&objects, "green", &["node-a", "node-b"])
+    });
+    let add = |i: usize| {
+        on_node("ADD", &conf, "node-a", &format!("a{i}")).run(&thereabouts_bin()).expect_ok("ADD under a bound");
+    };
+
+    (0..9).for_each(add);
+    assert_eq!(holders(&objects, "green")["node-a"].len(), 3, "node-a took the two free slices");
+    assert_eq!(node_pool_entries(&objects, "node-a"), [3, 3, 3], "no pool past the bound while a slice was free");
+    // No slice is free any more: the ADDs still succeed, past the bound.
+    (9..12).for_each(add);
+    assert_eq!(holders(&objects, "green")["node-a"].len(), 3);
+    assert_eq!(node_pool_entries(&objects, "node-a").iter().sum::<usize>(), 12);
+}
