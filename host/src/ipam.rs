@@ -199,15 +199,17 @@ fn until_committed<T>(
                 }
                 return Ok(value);
             }
-            Outcome::Retry(Retry::Reserved { pool, name }) => {
-                crate::logging::debug(format!("{what}: address {name} of pool {pool} is reserved by an overlapping range; planning around it"));
+            // Neither is contention: plan again at once, while time is left.
+            Outcome::Retry(retry @ (Retry::Reserved { .. } | Retry::Turn)) => {
+                let waiting = match retry {
+                    Retry::Reserved { pool, name } => {
+                        crate::logging::debug(format!("{what}: address {name} of pool {pool} is reserved by an overlapping range; planning around it"));
+                        "planning around reservations"
+                    }
+                    _ => "waiting for its turn",
+                };
                 if Instant::now() >= deadline {
-                    return Err(DatastoreError::Timeout { what: format!("{what} (planning around reservations)") }.into());
-                }
-            }
-            Outcome::Retry(Retry::Turn) => {
-                if Instant::now() >= deadline {
-                    return Err(DatastoreError::Timeout { what: format!("{what} (waiting for its turn)") }.into());
+                    return Err(DatastoreError::Timeout { what: format!("{what} ({waiting})") }.into());
                 }
             }
             Outcome::Retry(Retry::Conflict { pool }) => {
@@ -418,6 +420,11 @@ fn release_in(
     let mut removed = 0;
     for released in engine.release(range, &config.network_name, entries, attachments).map_err(EngineFailure)? {
         let Some(entry) = entries.get(released.index as usize) else { continue };
+        // Removed already: a DEL queued behind this one under its own
+        // attachment (a ticket it left behind), or named twice.
+        if changes.has(pool, &Change::Remove { offset: entry.offset }) {
+            continue;
+        }
         changes.push(pool.clone(), Change::Remove { offset: entry.offset });
         if reserving && let Some(name) = released.reservation {
             changes.push(pool.clone(), Change::Unreserve { name, holder: entry.clone() });
@@ -698,10 +705,36 @@ mod tests {
         assert_eq!(chosen_at(&[2, 2], true).unwrap(), "192.0.2.0/28");
     }
 
+    /// A DEL in its turn serves the DELs queued behind it: an entry is
+    /// removed once, even when the queue names this DEL's own attachment.
+    #[test]
+    fn a_del_serving_its_own_attachment_from_the_queue_removes_each_entry_once() {
+        let mut engine = crate::component::test_engine();
+        let stdin = r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","datastore":"file","range":"192.0.2.0/24"}}"#;
+        let config = engine.normalize(stdin, None, "").unwrap().unwrap();
+        let entry = |offset, cid: &str| Allocation { offset, container_id: cid.into(), pod_ref: String::new(), ifname: "eth0".into() };
+        let queued = vec![
+            model::Attachment { container_id: "c1".into(), ifname: "eth0".into() },
+            model::Attachment { container_id: "c2".into(), ifname: "eth0".into() },
+        ];
+        let store = Scripted {
+            pool: Pool { version: Version("3".into()), entries: vec![entry(5, "c1"), entry(6, "c2")], ..Pool::default() },
+            queued,
+            ..scripted(vec![Ok(Outcome::Committed)])
+        };
+        let placement = Placement::whole(&config);
+        let removed =
+            release(&mut engine, &store, &config, &placement, Attachment { container_id: "c1", ifname: "eth0" }, Instant::now() + Duration::from_secs(10));
+        assert_eq!(removed.unwrap(), 1);
+        assert_eq!(store.committed.borrow()[0].changes, [Change::Remove { offset: 5 }, Change::Remove { offset: 6 }]);
+    }
+
     /// A store whose loads show `pool` and whose commits answer from a
     /// script; it records the commits and counts the transactions ended.
     struct Scripted {
         pool: Pool,
+        /// What its transactions' `queued_releases` answer.
+        queued: Vec<model::Attachment>,
         answers: RefCell<Vec<Result<Outcome, DatastoreError>>>,
         committed: RefCell<Vec<PoolUpdate>>,
         ended: Cell<u32>,
@@ -716,6 +749,12 @@ mod tests {
         fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
             self.0.committed.borrow_mut().extend_from_slice(updates);
             self.0.answers.borrow_mut().remove(0)
+        }
+        fn serialized(&self) -> bool {
+            !self.0.queued.is_empty()
+        }
+        fn queued_releases(&mut self) -> Vec<model::Attachment> {
+            self.0.queued.clone()
         }
     }
 
@@ -741,7 +780,7 @@ mod tests {
     }
 
     fn scripted(answers: Vec<Result<Outcome, DatastoreError>>) -> Scripted {
-        Scripted { pool: Pool::default(), answers: RefCell::new(answers), committed: RefCell::new(Vec::new()), ended: Cell::new(0) }
+        Scripted { pool: Pool::default(), queued: Vec::new(), answers: RefCell::new(answers), committed: RefCell::new(Vec::new()), ended: Cell::new(0) }
     }
 
     fn one_update() -> Vec<PoolUpdate> {

@@ -201,6 +201,16 @@ impl KubernetesStore {
         self.runtime.block_on(futures_util::future::join_all(requests.iter().map(|r| self.send(r, deadline, cap, throttle_retries))))
     }
 
+    /// Many requests, at most `in_flight` of them at the apiserver at a time
+    /// (each as [`call_one`](Self::call_one) would send it); the answers in
+    /// the order of `requests`. For bulk work that would otherwise arrive as
+    /// one stampede (a write serving 256 DELs dismisses 256 tickets).
+    fn call_some_at_a_time(&self, requests: &[Request], in_flight: usize, deadline: Instant, cap: Duration) -> Vec<Result<Reply, DatastoreError>> {
+        use futures_util::stream::{self, StreamExt};
+        let answers = stream::iter(requests.iter().map(|r| self.send(r, deadline, cap, THROTTLE_RETRIES))).buffered(in_flight.max(1)).collect();
+        self.runtime.block_on(answers)
+    }
+
     /// One request and its retries of 429/503/504 while time remains.
     async fn send(&self, r: &Request, deadline: Instant, cap: Duration, throttle_retries: u32) -> Result<Reply, DatastoreError> {
         let (method, path, action) = (&r.method, r.path.as_str(), r.action.as_str());

@@ -67,6 +67,9 @@ pub const RELEASE_IFNAME_ANNOTATION: &str = "thereabouts.io/release-ifname";
 /// operations per entry removed, and a patch of this many stays far below the
 /// apiserver's 3 MiB request limit.
 pub const SERVE_AT_MOST: usize = 256;
+
+/// Ticket deletes of one dismissal at the apiserver at a time ([`dismiss`]).
+const DISMISS_IN_FLIGHT: usize = 16;
 /// How often the holder renews its ticket.
 const RENEW_EVERY: Duration = Duration::from_millis(500);
 /// A queue ahead that shows no change for this long has a dead head. Also how
@@ -229,9 +232,12 @@ pub(super) fn queued(store: &KubernetesStore, turn: &mut Turn, pools: &[PoolId],
 }
 
 /// Tells the DELs whose tickets are `names` that a write served them: their
-/// tickets go (all at once), and they stop waiting. Best effort: one that
-/// stays waits for its turn and then finds nothing to do.
-pub(super) fn dismiss(store: &KubernetesStore, names: &[String]) {
+/// tickets go, and they stop waiting. [`DISMISS_IN_FLIGHT`] at a time, until
+/// `deadline` (at least [`CLEANUP_GRACE`] from now): all at once within 2 s, a
+/// loaded apiserver answered a write serving 500 DELs with 461 deletes given
+/// up, and every DEL left waiting then took a turn of its own. Best effort: one
+/// that stays waits for its turn and then finds nothing to do.
+pub(super) fn dismiss(store: &KubernetesStore, names: &[String], deadline: Instant) {
     let requests: Vec<super::Request> = names
         .iter()
         .map(|name| super::Request {
@@ -241,7 +247,8 @@ pub(super) fn dismiss(store: &KubernetesStore, names: &[String]) {
             action: format!("deleting served turn ticket {}/{name}", store.namespace),
         })
         .collect();
-    for answer in store.call_all(&requests, Instant::now() + CLEANUP_GRACE, CLEANUP_GRACE, 0) {
+    let deadline = deadline.max(Instant::now() + CLEANUP_GRACE);
+    for answer in store.call_some_at_a_time(&requests, DISMISS_IN_FLIGHT, deadline, super::REQUEST_TIMEOUT) {
         if let Err(e) = answer {
             logging::debug(format!("{e}"));
         }
