@@ -365,6 +365,7 @@ impl Datastore for KubernetesStore {
         deadline: Instant,
     ) -> Result<Option<String>, DatastoreError> {
         let action = format!("claiming a slice of NodeSlicePool {}/{slice_pool} for node {node}", self.namespace);
+        let _turn = node_turn::NodeTurn::claim_turn(&self.lock_scope(), slice_pool, deadline);
         loop {
             let table = self.slice_table(slice_pool, node, true, deadline)?;
             // Calls of one node that ran full together claim one slice, not one each.

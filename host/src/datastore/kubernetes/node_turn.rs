@@ -60,6 +60,25 @@ impl NodeTurn {
         Some(NodeTurn { locks })
     }
 
+    /// The node's turn to claim a slice of NodeSlicePool `slice_pool`, held
+    /// until dropped; `None` when it cannot be had (going on without is
+    /// safe: a claim's patch tests its slot). Calls of one node that need a
+    /// slice at once (a burst past `node_slice_max_entries`) then send one
+    /// claim between them, and the others find its slice when their turn
+    /// comes, instead of each sending a patch of the whole layout that all
+    /// but one lose.
+    pub fn claim_turn(scope: &str, slice_pool: &str, deadline: Instant) -> Option<File> {
+        Self::claim_turn_in(PathBuf::from(LOCK_DIR), scope, slice_pool, deadline)
+    }
+
+    fn claim_turn_in(dir: PathBuf, scope: &str, slice_pool: &str, deadline: Instant) -> Option<File> {
+        std::fs::create_dir_all(&dir).map_err(|e| logging::debug(format!("claim turn: cannot use {}: {e}; going on without", dir.display()))).ok()?;
+        let what = format!("the node's turn to claim a slice of NodeSlicePool {slice_pool} ({scope})");
+        flock::lock(dir.join(format!("{scope}_claim_{slice_pool}.lock")), &what, deadline)
+            .map_err(|e| logging::debug(format!("claim turn: {e}; going on without")))
+            .ok()
+    }
+
     /// The `resourceVersion` the last holder left `pool` at, if it said.
     pub fn last_version(&self, pool: &str) -> Option<String> {
         let (_, file) = self.locks.iter().find(|(name, _)| name == pool)?;
@@ -101,6 +120,18 @@ mod tests {
         drop(first);
         let next = NodeTurn::take_in(dir.clone(), "ns", &[pool("a")], soon()).unwrap();
         assert_eq!(next.last_version("a").as_deref(), Some("41"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_claim_turn_is_one_call_of_the_node_at_a_time_per_node_slice_pool() {
+        let dir = std::env::temp_dir().join(format!("thereabouts-claim-turn-{}", std::process::id()));
+        let soon = || Instant::now() + std::time::Duration::from_millis(200);
+        let first = NodeTurn::claim_turn_in(dir.clone(), "ns", "blue", soon()).unwrap();
+        assert!(NodeTurn::claim_turn_in(dir.clone(), "ns", "blue", soon()).is_none(), "held");
+        assert!(NodeTurn::claim_turn_in(dir.clone(), "ns", "green", soon()).is_some(), "another layout's turn");
+        drop(first);
+        assert!(NodeTurn::claim_turn_in(dir.clone(), "ns", "blue", soon()).is_some());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

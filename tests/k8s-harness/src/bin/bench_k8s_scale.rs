@@ -5,7 +5,9 @@
 //! cost per ADD (wall, plugin CPU, apiserver+etcd CPU, API requests), so
 //! "flat in the pod count" can be read off, and the largest object the
 //! apiserver holds; `--svg FILE` plots the cost per ADD against the pods
-//! already allocated.
+//! already allocated. `--max-entries 0,32` runs each fill once per bound on a
+//! node pool's entries (`node_slice_max_entries`; 0: none), so the cost per ADD
+//! against the node's own pods can be read off with and without it.
 //!
 //! ```sh
 //! bash scripts/build-plugin.sh
@@ -39,6 +41,8 @@ struct Options {
     batch: usize,
     svg: Option<PathBuf>,
     fills: Vec<Fill>,
+    /// `node_slice_max_entries` of each run (0: none).
+    bounds: Vec<u32>,
 }
 
 /// Which node pod i runs on.
@@ -61,7 +65,7 @@ impl Fill {
 }
 
 fn parse_options() -> Result<Options> {
-    let mut o = Options { pods: 20_000, nodes: 100, batch: 500, svg: None, fills: vec![Fill::Spread, Fill::NodeByNode] };
+    let mut o = Options { pods: 20_000, nodes: 100, batch: 500, svg: None, fills: vec![Fill::Spread, Fill::NodeByNode], bounds: vec![0] };
     let mut args = std::env::args().skip(1);
     while let Some(name) = args.next() {
         let value = args.next().with_context(|| format!("{name} needs a value"))?;
@@ -70,6 +74,7 @@ fn parse_options() -> Result<Options> {
             "--nodes" => o.nodes = value.parse()?,
             "--batch" => o.batch = value.parse()?,
             "--svg" => o.svg = Some(PathBuf::from(value)),
+            "--max-entries" => o.bounds = value.split(',').map(|b| b.parse().with_context(|| format!("--max-entries {b}: a number"))).collect::<Result<_>>()?,
             "--fill" => {
                 o.fills = value
                     .split(',')
@@ -80,7 +85,7 @@ fn parse_options() -> Result<Options> {
                     })
                     .collect::<Result<_>>()?
             }
-            _ => bail!("unknown option {name}: --pods N --nodes N --batch N --fill spread,node --svg FILE"),
+            _ => bail!("unknown option {name}: --pods N --nodes N --batch N --fill spread,node --max-entries 0,32 --svg FILE"),
         }
     }
     if o.nodes == 0 || o.batch == 0 || o.pods / o.nodes > 250 {
@@ -122,6 +127,10 @@ fn largest(objects: &Objects) -> Result<(usize, usize)> {
 /// One fill's batches on a fresh control plane.
 struct Run {
     fill: Fill,
+    /// `node_slice_max_entries` (0: none).
+    bound: u32,
+    nodes: usize,
+    per_node: usize,
     points: Vec<Point>,
     failed: usize,
     addresses: usize,
@@ -129,12 +138,32 @@ struct Run {
     slice_pool_bytes: usize,
 }
 
-fn run(o: &Options, fill: Fill) -> Result<Run> {
+impl Run {
+    fn name(&self) -> String {
+        match self.bound {
+            0 => self.fill.name().to_string(),
+            b => format!("{}, node pools of at most {b} entries", self.fill.name()),
+        }
+    }
+
+    /// Pods on a node of the batch starting at `pods_before`, before it.
+    fn node_pods(&self, pods_before: usize) -> usize {
+        match self.fill {
+            Fill::Spread => pods_before / self.nodes.max(1),
+            Fill::NodeByNode => pods_before % self.per_node.max(1),
+        }
+    }
+}
+
+fn run(o: &Options, fill: Fill, bound: u32) -> Result<Run> {
     let cluster = Cluster::prepared_with(false).context("starting the control plane")?;
     let work = TempDir::new("scale");
     let mut conf = kubernetes_conf("scale", &cluster.plugin_kubeconfig(), None, &RANGES);
     conf["ipam"]["node_slice_size"] = json!("/24");
     conf["ipam"]["ipRanges"][1]["node_slice_size"] = json!("/72");
+    if bound > 0 {
+        conf["ipam"]["node_slice_max_entries"] = json!(bound);
+    }
     let kubeconfig = block_on(controller::install(&cluster))?;
     let _controller = Controller::start_with(&thereabouts_bin(), &kubeconfig, 150, 30, &work.path().join("controller.log"))?;
     let node = |i: usize| format!("node-{i:03}");
@@ -179,22 +208,33 @@ fn run(o: &Options, fill: Fill) -> Result<Run> {
         points.push(point(start, &phase));
     }
     let (pool_bytes, slice_pool_bytes) = largest(&objects)?;
-    Ok(Run { fill, points, failed, addresses: seen.len(), pool_bytes, slice_pool_bytes })
+    Ok(Run { fill, bound, nodes: o.nodes, per_node, points, failed, addresses: seen.len(), pool_bytes, slice_pool_bytes })
 }
 
 fn main() -> Result<()> {
     let o = parse_options()?;
-    let runs = o.fills.iter().map(|f| run(&o, *f)).collect::<Result<Vec<_>>>()?;
+    let runs = o.bounds.iter().flat_map(|b| o.fills.iter().map(move |f| (*f, *b))).map(|(f, b)| run(&o, f, b)).collect::<Result<Vec<_>>>()?;
     println!();
     println!("{} pods over {} nodes in batches of {}, ranges {} in /24 + /72 slices, reservations on; 2 cores", o.pods, o.nodes, o.batch, RANGES.join(" + "));
     for r in &runs {
         println!();
-        println!("**{}**", r.fill.name());
+        println!("**{}**", r.name());
         println!();
-        println!("| pods before the batch | wall per ADD | ADD p99 | plugin CPU per ADD | apiserver+etcd CPU per ADD | API requests per ADD |");
-        println!("|---:|---:|---:|---:|---:|---:|");
+        println!(
+            "| pods before the batch | a node's pods before it | wall per ADD | ADD p99 | plugin CPU per ADD | apiserver+etcd CPU per ADD | API requests per ADD |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
         for p in &r.points {
-            println!("| {} | {:.1} ms | {:.0} ms | {:.1} ms | {:.1} ms | {:.1} |", p.pods_before, p.wall_ms, p.p99_ms, p.plugin_ms, p.server_ms, p.requests);
+            println!(
+                "| {} | {} | {:.1} ms | {:.0} ms | {:.1} ms | {:.1} ms | {:.1} |",
+                p.pods_before,
+                r.node_pods(p.pods_before),
+                p.wall_ms,
+                p.p99_ms,
+                p.plugin_ms,
+                p.server_ms,
+                p.requests
+            );
         }
         println!();
         println!("- ADDs failed: {}; addresses handed out: {} (none twice)", r.failed, r.addresses);
@@ -232,10 +272,10 @@ fn svg(runs: &[Run], pods: usize) -> String {
         let _ = write!(out, r#"<text x="{}" y="{}" text-anchor="middle">{tick}</text>"#, x(tick), h - bottom + 16.0);
     }
     let _ = write!(out, r#"<text x="{}" y="{}" text-anchor="middle">pods allocated before the batch</text>"#, (w + left) / 2.0, h - 6.0);
-    for (k, (run, colour)) in runs.iter().zip(["#c0392b", "#2874a6", "#239b56"]).enumerate() {
+    for (k, (run, colour)) in runs.iter().zip(["#c0392b", "#2874a6", "#239b56", "#7d3c98", "#b9770e", "#17202a"]).enumerate() {
         let path: Vec<String> = run.points.iter().map(|p| format!("{:.1},{:.1}", x(p.pods_before), y(total(p)))).collect();
         let _ = write!(out, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, path.join(" "));
-        let _ = write!(out, r#"<text x="{}" y="{}" fill="{colour}">{}</text>"#, left + 12.0, top + 14.0 * (k as f64 + 1.0), run.fill.name());
+        let _ = write!(out, r#"<text x="{}" y="{}" fill="{colour}">{}</text>"#, left + 12.0, top + 14.0 * (k as f64 + 1.0), run.name());
     }
     out.push_str("</svg>\n");
     out
