@@ -205,9 +205,16 @@ impl KubernetesStore {
     /// (each as [`call_one`](Self::call_one) would send it); the answers in
     /// the order of `requests`. For bulk work that would otherwise arrive as
     /// one stampede (a write serving 256 DELs dismisses 256 tickets).
-    fn call_some_at_a_time(&self, requests: &[Request], in_flight: usize, deadline: Instant, cap: Duration) -> Vec<Result<Reply, DatastoreError>> {
+    fn call_some_at_a_time(
+        &self,
+        requests: &[Request],
+        in_flight: usize,
+        deadline: Instant,
+        cap: Duration,
+        throttle_retries: u32,
+    ) -> Vec<Result<Reply, DatastoreError>> {
         use futures_util::stream::{self, StreamExt};
-        let answers = stream::iter(requests.iter().map(|r| self.send(r, deadline, cap, THROTTLE_RETRIES))).buffered(in_flight.max(1)).collect();
+        let answers = stream::iter(requests.iter().map(|r| self.send(r, deadline, cap, throttle_retries))).buffered(in_flight.max(1)).collect();
         self.runtime.block_on(answers)
     }
 

@@ -422,7 +422,7 @@ impl KubeTransaction<'_> {
         // The pools are written: the DELs it served stop waiting, and the next
         // in the queue may go.
         if !serving.is_empty() {
-            turn::dismiss(self.store, &serving, self.deadline);
+            turn::dismiss(self.store, &serving);
         }
         self.end_turn();
 

@@ -70,6 +70,10 @@ pub const SERVE_AT_MOST: usize = 256;
 
 /// Ticket deletes of one dismissal at the apiserver at a time ([`dismiss`]).
 const DISMISS_IN_FLIGHT: usize = 16;
+/// How long a dismissal may keep the turn ([`dismiss`]).
+const DISMISS_WITHIN: Duration = Duration::from_secs(5);
+/// Retries of a ticket delete turned away by flow control ([`dismiss`]).
+const DISMISS_RETRIES: u32 = 2;
 /// How often the holder renews its ticket.
 const RENEW_EVERY: Duration = Duration::from_millis(500);
 /// A queue ahead that shows no change for this long has a dead head. Also how
@@ -232,12 +236,14 @@ pub(super) fn queued(store: &KubernetesStore, turn: &mut Turn, pools: &[PoolId],
 }
 
 /// Tells the DELs whose tickets are `names` that a write served them: their
-/// tickets go, and they stop waiting. [`DISMISS_IN_FLIGHT`] at a time, until
-/// `deadline` (at least [`CLEANUP_GRACE`] from now): all at once within 2 s, a
-/// loaded apiserver answered a write serving 500 DELs with 461 deletes given
-/// up, and every DEL left waiting then took a turn of its own. Best effort: one
-/// that stays waits for its turn and then finds nothing to do.
-pub(super) fn dismiss(store: &KubernetesStore, names: &[String], deadline: Instant) {
+/// tickets go, and they stop waiting. [`DISMISS_IN_FLIGHT`] at a time, for at
+/// most [`DISMISS_WITHIN`], each retried [`DISMISS_RETRIES`] times when the
+/// apiserver turns it away (429): all at once within 2 s, a loaded apiserver
+/// answered a write serving 500 DELs with 461 deletes given up; retried until
+/// the call's deadline, the holder kept its turn for a minute, the queue
+/// behind it took it for dead, and 80 000 deletes were turned away. Best
+/// effort: a DEL whose ticket stays takes its turn and finds nothing to do.
+pub(super) fn dismiss(store: &KubernetesStore, names: &[String]) {
     let requests: Vec<super::Request> = names
         .iter()
         .map(|name| super::Request {
@@ -247,8 +253,7 @@ pub(super) fn dismiss(store: &KubernetesStore, names: &[String], deadline: Insta
             action: format!("deleting served turn ticket {}/{name}", store.namespace),
         })
         .collect();
-    let deadline = deadline.max(Instant::now() + CLEANUP_GRACE);
-    for answer in store.call_some_at_a_time(&requests, DISMISS_IN_FLIGHT, deadline, super::REQUEST_TIMEOUT) {
+    for answer in store.call_some_at_a_time(&requests, DISMISS_IN_FLIGHT, Instant::now() + DISMISS_WITHIN, DISMISS_WITHIN, DISMISS_RETRIES) {
         if let Err(e) = answer {
             logging::debug(format!("{e}"));
         }
