@@ -1,7 +1,7 @@
 //! One policy, loaded, and its calls. Every call gets a fresh `Store` (so a
 //! policy keeps nothing between calls, and a store that trapped is never
 //! entered again) with the config's memory limit, the engine's stack limit
-//! and a wall-clock deadline kept by the [`Watchdog`]. The component is
+//! and a wall-clock deadline kept by the [`Watchdog`] (a kernel timer). The component is
 //! type-checked against the `policy-extension` world once, at load.
 
 use std::path::Path;
@@ -25,7 +25,7 @@ pub struct PolicyEngine {
 impl PolicyEngine {
     pub fn new() -> Result<Self, LoadError> {
         let engine = Engine::new(&policy_engine_config()).map_err(|e| LoadError::Unloadable { artifact: "(engine)".into(), detail: format!("{e:#}") })?;
-        let watchdog = Watchdog::start(engine.weak()).map_err(LoadError::Watchdog)?;
+        let watchdog = Watchdog::start(&engine).map_err(LoadError::Watchdog)?;
         Ok(PolicyEngine { engine, watchdog })
     }
 
@@ -57,7 +57,10 @@ impl LoadedPolicy<'_> {
         let mut store = Store::new(&self.engine.engine, Limits::new(self.memory_mib));
         store.limiter(|l| l);
         store.set_epoch_deadline(1);
-        let armed = self.engine.watchdog.arm(Duration::from_millis(u64::from(self.timeout_ms)));
+        let armed = match self.engine.watchdog.arm(Duration::from_millis(u64::from(self.timeout_ms))) {
+            Ok(armed) => armed,
+            Err(e) => return Err(CallFailure::Trap(format!("cannot arm its deadline: {e}"))),
+        };
         let answer = self.pre.instantiate(&mut store).and_then(|instance| f(&mut store, &instance));
         let expired = armed.expired();
         drop(armed);
