@@ -113,7 +113,7 @@ impl Side {
         // As the compiler: artifacts for the build triple's baseline CPU.
         config.target(BUILD_TARGET)?;
         let engine = Engine::new(&config)?;
-        let watchdog = (mechanism == Mechanism::Epochs).then(|| Watchdog::start(engine.weak())).transpose()?;
+        let watchdog = (mechanism == Mechanism::Epochs).then(|| Watchdog::start(&engine)).transpose()?;
         let mut policies = Vec::new();
         for name in ["sticky-ordinal", "keep-addresses", "hostile-fixtures"] {
             let path = policies_dir().join(format!("{name}.wasm"));
@@ -150,7 +150,7 @@ impl Side {
             Mechanism::Fuel => store.set_fuel(budget.fuel).expect("a fuel engine"),
             Mechanism::None => {}
         }
-        let armed = self.watchdog.as_ref().map(|w| w.arm(budget.time));
+        let armed = self.watchdog.as_ref().map(|w| w.arm(budget.time).expect("arming the deadline"));
         let answer = self.policy(policy).instantiate(&mut store).and_then(|instance| f(&mut store, &instance));
         let expired = armed.as_ref().is_some_and(|a| a.expired());
         drop(armed);

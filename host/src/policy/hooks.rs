@@ -86,7 +86,7 @@ pub fn validate_settings(policy: &LoadedPolicy, settings: &str) -> Result<Needs,
 /// `Ok(Err(reason))`: the policy vetoed the attachment.
 pub fn select_ranges(policy: &LoadedPolicy, input: &Input) -> Result<Result<Vec<u32>, String>, CallFailure> {
     let wit_input = to_wit(input);
-    let answer = policy.call(|store, p| p.thereabouts_ipam_policy().call_select_ranges(store, &wit_input))?;
+    let answer = policy.call_for(&attachment(input.subject), |store, p| p.thereabouts_ipam_policy().call_select_ranges(store, &wit_input))?;
     match answer {
         Ok(ranges) => {
             let count = input.config.ranges.len();
@@ -109,7 +109,8 @@ pub fn select_ranges(policy: &LoadedPolicy, input: &Input) -> Result<Result<Vec<
 
 pub fn pick_address(policy: &LoadedPolicy, input: &Input, range_index: u32, candidates: &[String]) -> Result<Pick, CallFailure> {
     let wit_input = to_wit(input);
-    let answer = policy.call(|store, p| p.thereabouts_ipam_policy().call_pick_address(store, &wit_input, range_index, candidates))?;
+    let answer =
+        policy.call_for(&attachment(input.subject), |store, p| p.thereabouts_ipam_policy().call_pick_address(store, &wit_input, range_index, candidates))?;
     if answer.refused.len() > MAX_REFUSED {
         return Err(CallFailure::BadAnswer(format!("{} refusals, more than {MAX_REFUSED}", answer.refused.len())));
     }
@@ -124,6 +125,12 @@ pub fn pick_address(policy: &LoadedPolicy, input: &Input, range_index: u32, cand
         wit::Choice::Veto(reason) => Choice::Veto(bounded(reason)?),
     };
     Ok(Pick { choice, refused })
+}
+
+/// What names an attachment: its hooks share one instance of a policy,
+/// and no other attachment's calls see that instance (`LoadedPolicy::call_for`).
+fn attachment(s: &Subject) -> String {
+    [s.pod_namespace, s.pod_name, s.container_id, s.ifname].join("\0")
 }
 
 fn bounded(text: String) -> Result<String, CallFailure> {

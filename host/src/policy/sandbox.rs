@@ -1,9 +1,16 @@
-//! One policy, loaded, and its calls. Every call gets a fresh `Store` (so a
-//! policy keeps nothing between calls, and a store that trapped is never
-//! entered again) with the config's memory limit, the engine's stack limit
-//! and a wall-clock deadline kept by the [`Watchdog`]. The component is
+//! One policy, loaded, and its calls. An attachment's hooks are answered by
+//! one instance of the policy, made for that attachment at its first call:
+//! the policy may keep what it worked out between its `select-ranges` and
+//! its `pick-address` calls for the same attachment, never anything from one
+//! attachment to the next. A call for another attachment, or for none
+//! (`validate-settings`), gets a fresh `Store`, and a store whose call failed
+//! (trapped, timed out, went over its memory) is dropped, never entered
+//! again. Each store has the config's memory limit (for the instance, over
+//! all its calls) and the engine's stack limit, and each call its own
+//! wall-clock deadline, kept by the [`Watchdog`]. The component is
 //! type-checked against the `policy-extension` world once, at load.
 
+use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::time::Duration;
 
@@ -25,7 +32,7 @@ pub struct PolicyEngine {
 impl PolicyEngine {
     pub fn new() -> Result<Self, LoadError> {
         let engine = Engine::new(&policy_engine_config()).map_err(|e| LoadError::Unloadable { artifact: "(engine)".into(), detail: format!("{e:#}") })?;
-        let watchdog = Watchdog::start(engine.weak()).map_err(LoadError::Watchdog)?;
+        let watchdog = Watchdog::start(&engine).map_err(LoadError::Watchdog)?;
         Ok(PolicyEngine { engine, watchdog })
     }
 
@@ -40,7 +47,7 @@ impl PolicyEngine {
         let linker: Linker<Limits> = Linker::new(&self.engine);
         let pre = linker.instantiate_pre(&component).map_err(unloadable)?;
         let pre = PolicyExtensionPre::new(pre).map_err(unloadable)?;
-        Ok(LoadedPolicy { engine: self, pre, timeout_ms, memory_mib })
+        Ok(LoadedPolicy { engine: self, pre, timeout_ms, memory_mib, session: RefCell::new(None), instances: Cell::new(0) })
     }
 }
 
@@ -49,19 +56,78 @@ pub struct LoadedPolicy<'e> {
     pre: PolicyExtensionPre<Limits>,
     timeout_ms: u32,
     memory_mib: u32,
+    /// The instance serving the attachment of the last successful call.
+    session: RefCell<Option<Session>>,
+    /// How many instances were made (for tests and the debug log).
+    instances: Cell<u32>,
+}
+
+/// One attachment's instance of a policy.
+struct Session {
+    attachment: String,
+    store: Store<Limits>,
+    instance: PolicyExtension,
 }
 
 impl LoadedPolicy<'_> {
-    /// Runs `f` in a fresh instance, bounded; classifies what stopped it.
+    /// Runs `f` in a fresh instance of its own, bounded; classifies what
+    /// stopped it.
     pub fn call<R>(&self, f: impl FnOnce(&mut Store<Limits>, &PolicyExtension) -> wasmtime::Result<R>) -> Result<R, CallFailure> {
-        let mut store = Store::new(&self.engine.engine, Limits::new(self.memory_mib));
-        store.limiter(|l| l);
+        self.call_in(None, f)
+    }
+
+    /// Runs `f` for `attachment` (any text that names it), bounded: in the
+    /// instance that answered this attachment's earlier calls, or in a fresh
+    /// one (which then serves its later calls) if there is none, if the last
+    /// call was for another attachment, or if it failed.
+    pub fn call_for<R>(&self, attachment: &str, f: impl FnOnce(&mut Store<Limits>, &PolicyExtension) -> wasmtime::Result<R>) -> Result<R, CallFailure> {
+        self.call_in(Some(attachment), f)
+    }
+
+    /// How many instances of the policy were made so far.
+    pub fn instances(&self) -> u32 {
+        self.instances.get()
+    }
+
+    fn call_in<R>(&self, attachment: Option<&str>, f: impl FnOnce(&mut Store<Limits>, &PolicyExtension) -> wasmtime::Result<R>) -> Result<R, CallFailure> {
+        let mut slot = self.session.borrow_mut();
+        // Another attachment's instance is dropped before anything runs.
+        let kept = slot.take().filter(|s| attachment == Some(s.attachment.as_str()));
+        let (mut store, instance) = match kept {
+            Some(s) => (s.store, Some(s.instance)),
+            None => {
+                let mut store = Store::new(&self.engine.engine, Limits::new(self.memory_mib));
+                store.limiter(|l| l);
+                (store, None)
+            }
+        };
+        // One tick from now, whatever ticked before: the watchdog ticks the
+        // engine only when a call's deadline passes.
         store.set_epoch_deadline(1);
-        let armed = self.engine.watchdog.arm(Duration::from_millis(u64::from(self.timeout_ms)));
-        let answer = self.pre.instantiate(&mut store).and_then(|instance| f(&mut store, &instance));
+        let armed = match self.engine.watchdog.arm(Duration::from_millis(u64::from(self.timeout_ms))) {
+            Ok(armed) => armed,
+            Err(e) => return Err(CallFailure::Trap(format!("cannot arm its deadline: {e}"))),
+        };
+        let instance = match instance {
+            Some(i) => Ok(i),
+            None => {
+                self.instances.set(self.instances.get() + 1);
+                self.pre.instantiate(&mut store)
+            }
+        };
+        let answer = instance.and_then(|instance| f(&mut store, &instance).map(|r| (r, instance)));
         let expired = armed.expired();
         drop(armed);
-        answer.map_err(|e| self.classify(&e, store.data(), expired))
+        match answer {
+            Ok((r, instance)) => {
+                if let Some(attachment) = attachment {
+                    *slot = Some(Session { attachment: attachment.to_string(), store, instance });
+                }
+                Ok(r)
+            }
+            // The store is dropped here: a failed instance is never entered again.
+            Err(e) => Err(self.classify(&e, store.data(), expired)),
+        }
     }
 
     fn classify(&self, e: &wasmtime::Error, limits: &Limits, expired: bool) -> CallFailure {

@@ -176,15 +176,16 @@ fn bench(wasm: &Path, settings: &str, config_path: &Path, calls: u32) -> Result<
     let loaded = policy_engine.load(&artifact, policy.timeout_ms, policy.memory_mib)?;
     let load = started.elapsed();
     let seen = redacted(&config);
-    let subject = Subject { pod_namespace: "default", pod_name: "web-3", container_id: "bench", ifname: "net1", cni_args: &[], labels: &[], annotations: &[] };
-    let input = Input { subject: &subject, config: &seen, needs: Needs::default(), settings: &policy.settings };
+    // Each call its own attachment (container ID), so each gets a fresh
+    // instance; the last line is an attachment as an ADD makes it.
+    let settings = policy.settings.as_str();
     let candidates: Vec<String> = Vec::new();
-    let report = |hook: &str, mut call: Box<dyn FnMut() -> bool + '_>| {
+    let report = |hook: &str, what: &str, mut call: Box<dyn FnMut(u32) -> bool + '_>| {
         let mut failed = 0;
         let mut times: Vec<Duration> = (0..calls)
-            .map(|_| {
+            .map(|i| {
                 let t = Instant::now();
-                failed += u32::from(!call());
+                failed += u32::from(!call(i));
                 t.elapsed()
             })
             .collect();
@@ -193,11 +194,44 @@ fn bench(wasm: &Path, settings: &str, config_path: &Path, calls: u32) -> Result<
         // A failed call (timeout, trap, bad answer) is timed too, but its
         // figure is not the policy's normal cost: say how many there were.
         let failures = if failed == 0 { String::new() } else { format!(", {failed} failed") };
-        println!("{hook:>18}: p50 {:>8.1} µs  p99 {:>8.1} µs  ({calls} calls, each in a fresh instance{failures})", at(0.5), at(0.99));
+        println!("{hook:>18}: p50 {:>8.1} µs  p99 {:>8.1} µs  ({calls} {what}{failures})", at(0.5), at(0.99));
     };
+    let fresh = "calls, each in a fresh instance";
     println!("{}: artifact {} loaded in {:.1} µs", wasm.display(), artifact.display(), load.as_secs_f64() * 1e6);
-    report("validate-settings", Box::new(|| hooks::validate_settings(&loaded, &policy.settings).is_ok()));
-    report("select-ranges", Box::new(|| hooks::select_ranges(&loaded, &input).is_ok()));
-    report("pick-address", Box::new(|| hooks::pick_address(&loaded, &input, 0, &candidates).is_ok()));
+    report("validate-settings", fresh, Box::new(|_| hooks::validate_settings(&loaded, &policy.settings).is_ok()));
+    report(
+        "select-ranges",
+        fresh,
+        Box::new(|i| {
+            let id = format!("bench-{i}");
+            let subject = bench_subject(&id);
+            hooks::select_ranges(&loaded, &Input { subject: &subject, config: &seen, needs: Needs::default(), settings }).is_ok()
+        }),
+    );
+    report(
+        "pick-address",
+        fresh,
+        Box::new(|i| {
+            let id = format!("bench-{i}");
+            let subject = bench_subject(&id);
+            hooks::pick_address(&loaded, &Input { subject: &subject, config: &seen, needs: Needs::default(), settings }, 0, &candidates).is_ok()
+        }),
+    );
+    report(
+        "all three",
+        "attachments: select-ranges and a pick-address per range, in one instance",
+        Box::new(|i| {
+            let id = format!("bench-all-{i}");
+            let subject = bench_subject(&id);
+            let input = Input { subject: &subject, config: &seen, needs: Needs::default(), settings };
+            let ok = hooks::select_ranges(&loaded, &input).is_ok();
+            (0..seen.ranges.len() as u32).fold(ok, |ok, r| hooks::pick_address(&loaded, &input, r, &candidates).is_ok() && ok)
+        }),
+    );
     Ok(0)
+}
+
+/// The attachment `policy bench` asks about, with its own container ID.
+fn bench_subject(container_id: &str) -> Subject<'_> {
+    Subject { pod_namespace: "default", pod_name: "web-3", container_id, ifname: "net1", cni_args: &[], labels: &[], annotations: &[] }
 }

@@ -3,12 +3,24 @@
 
 wit_bindgen::generate!({ world: "policy-extension", path: "../../wit" });
 
-use exports::thereabouts::ipam::policy::{AttachmentInput, Choice, Guest, Needs, Pick};
+use std::cell::RefCell;
+
+use exports::thereabouts::ipam::policy::{AttachmentInput, Choice, Guest, Needs, Pick, Refusal};
 use exports::thereabouts::ipam::types::IpFamily;
 
 use crate::{Hook, Misbehaviour, Settings};
 
 struct Component;
+
+thread_local! {
+    /// Calls of this instance (`count-calls`): an instance's memory is its
+    /// own, so this lives exactly as long as the host keeps the instance.
+    static SEEN: RefCell<crate::Seen> = RefCell::default();
+}
+
+fn count(pod: Option<&str>) {
+    SEEN.with(|s| s.borrow_mut().call(pod));
+}
 
 /// The misbehaviours that never return, whatever the hook.
 fn diverge(action: Misbehaviour) {
@@ -27,6 +39,7 @@ fn diverge(action: Misbehaviour) {
 
 impl Guest for Component {
     fn validate_settings(settings: String) -> Result<Needs, String> {
+        count(None);
         let settings = Settings::parse(&settings)?;
         match settings.on(Hook::ValidateSettings) {
             Some(Misbehaviour::HugeOutput) => Err(crate::huge_text()),
@@ -40,6 +53,7 @@ impl Guest for Component {
     }
 
     fn select_ranges(input: AttachmentInput) -> Result<Vec<u32>, String> {
+        count(Some(&input.pod_name));
         let settings = Settings::parse(&input.settings)?;
         let count = input.config.ranges.len() as u32;
         match settings.on(Hook::SelectRanges) {
@@ -54,12 +68,18 @@ impl Guest for Component {
     }
 
     fn pick_address(input: AttachmentInput, range_index: u32, _candidates: Vec<String>) -> Pick {
+        count(Some(&input.pod_name));
         let pick = |choice| Pick { choice, refused: Vec::new() };
         let settings = match Settings::parse(&input.settings) {
             Ok(s) => s,
             Err(e) => return pick(Choice::Veto(e)),
         };
         let Some(action) = settings.on(Hook::PickAddress) else { return pick(Choice::BuiltIn) };
+        if action == Misbehaviour::CountCalls {
+            let refused =
+                input.config.ranges.get(range_index as usize).map(|r| Refusal { address: r.last.clone(), reason: SEEN.with(|s| s.borrow().reason()) });
+            return Pick { choice: Choice::BuiltIn, refused: refused.into_iter().collect() };
+        }
         diverge(action);
         let Some(r) = input.config.ranges.get(range_index as usize) else {
             return pick(Choice::Veto(format!("range index {range_index} is not in the config")));

@@ -17,7 +17,12 @@
 //! - `out-of-range`: prefers the address after the range's last one
 //!   (select-ranges: a range index past the config's);
 //! - `other-family`: prefers an address of the other family;
-//! - `reject-settings`: validate-settings answers an error.
+//! - `reject-settings`: validate-settings answers an error;
+//! - `count-calls` (pick-address): not a misbehaviour but a probe of the
+//!   host's instances. Every hook counts the calls this instance answered
+//!   and the pods it was asked about; pick-address answers the built-in
+//!   choice and refuses the range's last address with the reason
+//!   `call <n> of this instance, pods <names>` (`thereabouts preview` shows it).
 
 use std::hint::black_box;
 use std::net::IpAddr;
@@ -48,6 +53,29 @@ pub enum Misbehaviour {
     OutOfRange,
     OtherFamily,
     RejectSettings,
+    CountCalls,
+}
+
+/// What this instance answered so far (`count-calls`): calls, and the pods
+/// of its attachment calls in order, each once.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub calls: u32,
+    pub pods: Vec<String>,
+}
+
+impl Seen {
+    /// One more call, for `pod` if it is an attachment's.
+    pub fn call(&mut self, pod: Option<&str>) {
+        self.calls += 1;
+        if let Some(pod) = pod.filter(|p| !self.pods.iter().any(|seen| seen == p)) {
+            self.pods.push(pod.to_string());
+        }
+    }
+
+    pub fn reason(&self) -> String {
+        format!("call {} of this instance, pods {}", self.calls, self.pods.join(","))
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

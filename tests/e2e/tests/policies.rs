@@ -196,6 +196,35 @@ fn an_infinite_loop_is_stopped_within_its_deadline_plus_50_ms() {
 }
 
 #[test]
+fn an_attachments_hooks_share_one_instance_and_the_next_attachment_gets_a_fresh_one() {
+    // The probe counts the calls its instance answered and the pods it was
+    // asked about, and says so in a refusal's reason (pick-address).
+    let s = Setup::new("policy-instances", &["hostile-fixtures"]);
+    let mut conf: Value = serde_json::from_str(&s.conf(hostile("pick-address", "count-calls", json!({})))).unwrap();
+    let log = s.dir.path().join("plugin.log");
+    conf["ipam"]["log_file"] = json!(log);
+    conf["ipam"]["log_level"] = json!("debug");
+    let conf = conf.to_string();
+    // validate-settings runs alone (or is remembered); then select-ranges is
+    // call 1, and the two ranges' pick-address calls 2 and 3 of one instance.
+    let expected = |pod: &str| [format!("call 2 of this instance, pods {pod}"), format!("call 3 of this instance, pods {pod}")];
+    for pod in ["web-0", "web-1"] {
+        s.add(pod, &format!("c-{pod}"), &conf);
+        let text = std::fs::read_to_string(&log).unwrap();
+        for reason in expected(pod) {
+            assert!(text.contains(&reason), "ADD {pod}: {reason:?} not logged:\n{text}");
+        }
+    }
+    // preview: one process, pod after pod; each pod's hooks in one instance,
+    // never one another pod's.
+    let report = preview(&s, &conf, &["--pods", "3", "--pod-prefix", "db-"]);
+    for (i, pod) in report["pods"].as_array().unwrap().iter().enumerate() {
+        let reasons: Vec<&str> = pod["refused"].as_array().unwrap().iter().map(|r| r["reason"].as_str().unwrap()).collect();
+        assert_eq!(reasons, expected(&format!("db-{i}")), "{pod}");
+    }
+}
+
+#[test]
 fn a_memory_bomb_deep_recursion_a_trap_and_a_huge_output_are_stopped() {
     let s = Setup::new("policy-hostile", &["hostile-fixtures"]);
     for (hook, what, why) in [
