@@ -99,11 +99,17 @@ impl Api {
 
     /// Every item of a collection, page by page (`limit` items each), each
     /// handed to `each` as it is decoded: a page at a time in memory.
-    pub async fn list_pages<T: DeserializeOwned>(&self, path: &str, limit: u32, mut each: impl FnMut(T)) -> Result<(), ApiError> {
+    pub async fn list_pages<T: DeserializeOwned>(&self, path: &str, limit: u32, each: impl FnMut(T)) -> Result<(), ApiError> {
+        self.list_sized_pages(path, || limit, each).await
+    }
+
+    /// [`Api::list_pages`] with each page's `limit` asked of `limit` just
+    /// before it is requested (after the items of the page before were handed over).
+    pub async fn list_sized_pages<T: DeserializeOwned>(&self, path: &str, mut limit: impl FnMut() -> u32, mut each: impl FnMut(T)) -> Result<(), ApiError> {
         let mut token: Option<String> = None;
         let separator = if path.contains('?') { '&' } else { '?' };
         loop {
-            let mut page_path = format!("{path}{separator}limit={limit}");
+            let mut page_path = format!("{path}{separator}limit={}", limit());
             if let Some(t) = &token {
                 page_path.push_str(&format!("&continue={}", escape(t)));
             }

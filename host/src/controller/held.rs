@@ -149,6 +149,12 @@ impl Reservation {
     }
 }
 
+/// The parts of a reservation name that may be an address's: the name is
+/// `<suffix>` or `<network>-<suffix>`, so every tail after a `-`.
+fn name_tails(name: &str) -> impl Iterator<Item = &str> {
+    std::iter::once(name).chain(name.match_indices('-').map(move |(i, _)| &name[i + 1..]))
+}
+
 /// Entries by the reservation-name part of their address: which entries a
 /// reservation may back, without comparing every reservation with every
 /// entry (50 000 of each in a large cluster).
@@ -165,11 +171,27 @@ impl<'a> EntryIndex<'a> {
         EntryIndex { by_suffix }
     }
 
+    /// An index of the `entries` that one of `reservations` may back, alone:
+    /// a cluster without reservations (or with few) keeps no copy of every
+    /// entry's address text.
+    pub fn for_reservations(entries: impl IntoIterator<Item = &'a Entry>, reservations: &[Reservation]) -> Self {
+        if reservations.is_empty() {
+            return EntryIndex { by_suffix: std::collections::HashMap::new() };
+        }
+        let tails: std::collections::HashSet<&str> = reservations.iter().flat_map(|r| name_tails(&r.name)).collect();
+        let mut by_suffix: std::collections::HashMap<String, Vec<&'a Entry>> = std::collections::HashMap::new();
+        for e in entries {
+            let suffix = reservation_suffix(e.address);
+            if tails.contains(suffix.as_str()) {
+                by_suffix.entry(suffix).or_default().push(e);
+            }
+        }
+        EntryIndex { by_suffix }
+    }
+
     /// The entries `r` backs ([`Reservation::backs`]).
     pub fn backed_by<'r>(&'r self, r: &'r Reservation) -> impl Iterator<Item = &'a Entry> + 'r {
-        // The name is `<suffix>` or `<network>-<suffix>`: every tail after a `-` is a candidate.
-        let tails = std::iter::once(r.name.as_str()).chain(r.name.match_indices('-').map(|(i, _)| &r.name[i + 1..]));
-        tails.filter_map(|t| self.by_suffix.get(t)).flatten().copied().filter(|e| r.backs(e))
+        name_tails(&r.name).filter_map(|t| self.by_suffix.get(t)).flatten().copied().filter(|e| r.backs(e))
     }
 
     pub fn is_backed(&self, r: &Reservation) -> bool {
@@ -227,5 +249,22 @@ mod tests {
         let index = EntryIndex::new([&mine, &other]);
         assert_eq!(index.backed_by(&reservation("blue-192.0.2.1", "ns/a")).collect::<Vec<_>>(), [&mine]);
         assert!(index.is_backed(&reservation("192.0.2.1", "ns/b")) && !index.is_backed(&reservation("192.0.2.2", "ns/a")));
+    }
+
+    #[test]
+    fn an_index_for_reservations_holds_only_the_entries_they_may_back() {
+        let entry = |address: &str| Entry {
+            pool: "p".into(),
+            address: address.parse().unwrap(),
+            holder: Allocation { offset: 1, container_id: "c1".into(), pod_ref: "ns/a".into(), ifname: "net1".into() },
+            key: "1".into(),
+            id: Value::Null,
+            pool_version: "".into(),
+        };
+        let (one, two) = (entry("192.0.2.1"), entry("192.0.2.2"));
+        let reservations = [reservation("blue-192.0.2.1", "ns/a")];
+        let index = EntryIndex::for_reservations([&one, &two], &reservations);
+        assert_eq!((index.by_suffix.len(), index.backed_by(&reservations[0]).collect::<Vec<_>>()), (1, vec![&one]));
+        assert!(EntryIndex::for_reservations([&one, &two], &[]).by_suffix.is_empty());
     }
 }

@@ -175,7 +175,7 @@ async fn serve(options: Options) -> Result<()> {
     for path in &options.etcd_configs {
         stores.push(etcd_store_of(&mut engine, path).await?);
     }
-    let mut slices = slice_pass::SlicePass::new(client.clone(), &options, engine);
+    let mut slices = slice_pass::SlicePass::new(api::Api { client: client.clone(), metrics: metrics.clone() }, &options, engine);
     let reconcilers: Vec<reconcile::Reconciler> = stores
         .into_iter()
         .map(|store| reconciler(client.clone(), metrics.clone(), store, &options.identity, guard.clone(), options.completed_grace, options.unbacked_grace))
@@ -320,7 +320,9 @@ fn collect_deletes(first: PodEvent, queued: &mut mpsc::UnboundedReceiver<PodEven
 }
 
 /// Pod deletes, from a metadata-only watch of every pod (a few hundred bytes
-/// a pod instead of whole objects).
+/// a pod instead of whole objects): `Api<PartialObjectMeta<_>>` makes kube
+/// ask for `PartialObjectMetadataList` and `PartialObjectMetadata`
+/// (`reconcile_tests.rs` pins it).
 fn spawn_pod_watch(client: &kube::Client, events: mpsc::UnboundedSender<PodEvent>) {
     let pods: KubeApi<PartialObjectMeta<k8s_openapi::api::core::v1::Pod>> = KubeApi::all(client.clone());
     let mut listed_once = false;
@@ -351,7 +353,9 @@ fn wake<T>(trigger: mpsc::Sender<()>) -> impl FnMut(T) -> std::future::Ready<()>
 
 /// Wakes the loop on every change of what the layout depends on.
 fn spawn_watchers(client: &kube::Client, namespace: &str, trigger: mpsc::Sender<()>) {
-    let nodes: KubeApi<k8s_openapi::api::core::v1::Node> = KubeApi::all(client.clone());
+    // The slice pass needs to know that a Node came or went, not what it
+    // says: metadata only (a Node's status, its image list, is tens of KB).
+    let nodes: KubeApi<PartialObjectMeta<k8s_openapi::api::core::v1::Node>> = KubeApi::all(client.clone());
     let nads: KubeApi<DynamicObject> = KubeApi::all_with(client.clone(), &NAD_RESOURCE.api_resource());
     let slice_pools: KubeApi<DynamicObject> = KubeApi::namespaced_with(client.clone(), namespace, &NODE_SLICE_POOL_RESOURCE.api_resource());
     tokio::spawn(watcher(nodes, watcher::Config::default()).default_backoff().for_each(wake(trigger.clone())));

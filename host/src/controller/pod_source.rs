@@ -1,23 +1,31 @@
 //! The pods and nodes a pass decides on, read after the datastore: every Pod
-//! (a full pass; a consistent paged LIST) or only the pods named by the
-//! entries of a deleted pod (one consistent GET each), and every Node's
-//! readiness.
+//! (a full pass; a consistent paged LIST, of which only the pods the
+//! datastore names are kept) or only the pods named by the entries of a
+//! deleted pod (one consistent GET each), and the readiness of the nodes.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
+use futures_util::{StreamExt, stream};
 use serde::Deserialize;
 
 use super::api::{Api, ApiError};
-use super::pods::{PodFacts, PodJson};
+use super::pods::{Names, PodFacts, PodJson};
 use super::verdict::PodView;
 use crate::datastore::kubernetes::crd::escape;
 
 const PODS_PAGE: u32 = 500;
+/// Nodes per page: a real Node is 10 to 50 KB (its image list), and a page is
+/// held whole while it is decoded.
+const NODES_PAGE: u32 = 100;
+/// Pod GETs of a delete pass in flight together (100 deleted pods: 100 GETs,
+/// each a few ms, on the way to every free).
+const GETS_AT_ONCE: usize = 16;
 
 #[derive(Debug, Default)]
 pub struct PodsAt {
-    pods: HashMap<String, PodFacts>,
+    pods: HashMap<Box<str>, PodFacts>,
     ready: HashMap<String, bool>,
+    names: Names,
 }
 
 impl PodView for PodsAt {
@@ -34,33 +42,57 @@ impl PodsAt {
         self.pods.len()
     }
 
-    /// Every pod of the cluster.
-    pub async fn all(api: &Api) -> Result<PodsAt, ApiError> {
+    /// Every pod of the cluster that `wanted` names (the podrefs the
+    /// datastore holds): a pod without an entry or a reservation decides
+    /// nothing, so its facts are dropped with its page. The LIST is still of
+    /// whole pods: a verdict reads `status` (phase, container states) and
+    /// `spec.nodeName`, which a metadata-only list does not carry.
+    pub async fn all(api: &Api, wanted: &HashSet<&str>) -> Result<PodsAt, ApiError> {
         let mut at = PodsAt::default();
+        // At most one per wanted podref: the map never grows by doubling past it.
+        at.pods.reserve(wanted.len());
         api.list_pages::<PodJson>("/api/v1/pods", PODS_PAGE, |p| {
-            at.pods.insert(p.podref(), p.facts());
+            let podref = p.podref();
+            if wanted.contains(podref.as_str()) {
+                let facts = p.facts(&mut at.names);
+                at.pods.insert(podref.into_boxed_str(), facts);
+            }
         })
         .await?;
         at.ready = nodes(api).await?;
         Ok(at)
     }
 
-    /// The pods of `podrefs` (`namespace/name`) that exist.
+    /// The pods of `podrefs` (`namespace/name`) that exist, read
+    /// [`GETS_AT_ONCE`] at a time, and the readiness of their nodes alone.
     pub async fn only(api: &Api, podrefs: &BTreeSet<String>) -> Result<PodsAt, ApiError> {
         let mut at = PodsAt::default();
-        for podref in podrefs {
-            let Some((namespace, name)) = podref.split_once('/') else { continue };
+        let gets = podrefs.iter().filter_map(|podref| podref.split_once('/').map(|(ns, name)| (podref, ns, name))).map(|(podref, namespace, name)| {
             let path = format!("/api/v1/namespaces/{}/pods/{}", escape(namespace), escape(name));
-            match api.get::<PodJson>(&path).await {
-                Ok(p) => {
-                    at.pods.insert(podref.clone(), p.facts());
+            async move {
+                match api.get::<PodJson>(&path).await {
+                    Ok(p) => Ok(Some((podref, p))),
+                    Err(e) if e.code() == Some(404) => Ok(None),
+                    Err(e) => Err(e),
                 }
-                Err(e) if e.code() == Some(404) => {}
-                Err(e) => return Err(e),
+            }
+        });
+        let found: Vec<Result<Option<(&String, PodJson)>, ApiError>> = stream::iter(gets).buffer_unordered(GETS_AT_ONCE).collect().await;
+        for got in found {
+            if let Some((podref, p)) = got? {
+                let facts = p.facts(&mut at.names);
+                at.pods.insert(podref.as_str().into(), facts);
             }
         }
-        if !at.pods.is_empty() {
-            at.ready = nodes(api).await?;
+        let on: BTreeSet<&str> = at.pods.values().map(|p| &*p.node).filter(|n| !n.is_empty()).collect();
+        for node in on {
+            // A LIST of the one node: the controller may list nodes, not get them.
+            let path = format!("/api/v1/nodes?fieldSelector=metadata.name%3D{}", escape(node));
+            api.list_pages::<NodeJson>(&path, 1, |n| {
+                let is_ready = n.is_ready();
+                at.ready.insert(n.metadata.name, is_ready);
+            })
+            .await?;
         }
         Ok(at)
     }
@@ -94,12 +126,18 @@ struct NodeCondition {
     status: String,
 }
 
+impl NodeJson {
+    fn is_ready(&self) -> bool {
+        self.status.conditions.iter().any(|c| c.kind == "Ready" && c.status == "True")
+    }
+}
+
 /// Each node's `Ready` condition (a Node's status is decoded for that alone:
 /// its image list can be tens of KB).
 async fn nodes(api: &Api) -> Result<HashMap<String, bool>, ApiError> {
     let mut ready = HashMap::new();
-    api.list_pages::<NodeJson>("/api/v1/nodes", PODS_PAGE, |n| {
-        let is_ready = n.status.conditions.iter().any(|c| c.kind == "Ready" && c.status == "True");
+    api.list_pages::<NodeJson>("/api/v1/nodes", NODES_PAGE, |n| {
+        let is_ready = n.is_ready();
         ready.insert(n.metadata.name, is_ready);
     })
     .await?;

@@ -14,7 +14,7 @@ use crate::datastore::kubernetes::mock_api::{self, Answer, Log};
 const POOLS: &str = "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools?limit=4";
 const ORIPS: &str = "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/overlappingrangeipreservations?limit=500";
 const PODS: &str = "GET /api/v1/pods?limit=500";
-const NODES: &str = "GET /api/v1/nodes?limit=500";
+const NODES: &str = "GET /api/v1/nodes?limit=100";
 const LEASE: &str = "GET /apis/coordination.k8s.io/v1/namespaces/kube-system/leases/thereabouts-controller";
 const PATCH: &str = "PATCH /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools/blue-192.0.2.0-24?fieldManager=thereabouts-controller";
 const DELETE: &str = "DELETE /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/overlappingrangeipreservations/blue-192.0.2.1";
@@ -88,4 +88,44 @@ async fn a_replica_that_does_not_hold_the_lease_writes_nothing() {
     let (report, log) = pass(script).await;
     assert!(format!("{:#}", report.unwrap_err()).contains("held by \"other\""));
     assert_eq!(log.lines(), [POOLS, ORIPS, PODS, NODES, LEASE]);
+}
+
+/// What kube's watcher asks for when its objects are `PartialObjectMeta`.
+const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+const METADATA: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_pod_watch_lists_and_watches_metadata_only() {
+    let script = vec![list(vec![]), Answer::Silent];
+    let (client, log, _) = mock_api::client("kube-system", script);
+    let (events, _events) = tokio::sync::mpsc::unbounded_channel();
+    super::spawn_pod_watch(&client, events);
+    for _ in 0..200 {
+        if log.sent().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let sent: Vec<(String, String)> = log.sent().into_iter().map(|s| (s.line.split('?').next().unwrap_or_default().to_string(), s.accept)).collect();
+    assert_eq!(sent, [("GET /api/v1/pods".to_string(), METADATA_LIST.to_string()), ("GET /api/v1/pods".to_string(), METADATA.to_string())]);
+    assert!(log.lines()[1].contains("watch=true"), "the second request is the watch: {:?}", log.lines());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_node_watch_lists_and_watches_metadata_only() {
+    // Three watchers, each a LIST then a WATCH, in an order the test does not
+    // fix: every answer is an empty list (a WATCH reads it as a failed stream
+    // and backs off, after its request was seen). Only the Node ones are pinned.
+    let script = (0..6).map(|_| list(vec![])).collect();
+    let (client, log, _) = mock_api::client("kube-system", script);
+    let (trigger, _triggered) = tokio::sync::mpsc::channel(1);
+    super::spawn_watchers(&client, "kube-system", trigger);
+    for _ in 0..200 {
+        if log.sent().len() >= 6 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let nodes: Vec<String> = log.sent().into_iter().filter(|s| s.line.starts_with("GET /api/v1/nodes")).map(|s| s.accept).collect();
+    assert_eq!(nodes, [METADATA_LIST, METADATA]);
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::discovery::ApiResource;
+use serde::Deserialize;
 use serde_json::Value;
 use thereabouts_allocator::model::{NormalizedConfig, NormalizedRange};
 use thereabouts_allocator::slices;
@@ -44,10 +45,57 @@ pub const NAD_RESOURCE: Resource =
     Resource { group: "k8s.cni.cncf.io", version: "v1", kind: "NetworkAttachmentDefinition", plural: "network-attachment-definitions" };
 pub const NODE_SLICE_POOL_RESOURCE: Resource =
     Resource { group: "whereabouts.cni.cncf.io", version: "v1alpha1", kind: "NodeSlicePool", plural: "nodeslicepools" };
-const IPPOOL_RESOURCE: Resource = Resource { group: "whereabouts.cni.cncf.io", version: "v1alpha1", kind: "IPPool", plural: "ippools" };
+/// IPPools per page: the pass counts their entries, and a page is held whole
+/// while it is decoded (every pool of a large cluster at once was its whole
+/// datastore in memory).
+const POOLS_PAGE: u32 = 50;
+
+/// An IPPool reduced to its name and how many entries it holds.
+#[derive(Deserialize)]
+struct PoolCount {
+    #[serde(default)]
+    metadata: PoolName,
+    #[serde(default)]
+    spec: PoolSpecCount,
+}
+
+#[derive(Deserialize, Default)]
+struct PoolName {
+    #[serde(default)]
+    name: String,
+}
+
+#[derive(Deserialize, Default)]
+struct PoolSpecCount {
+    #[serde(default, deserialize_with = "count_members")]
+    allocations: u128,
+}
+
+/// The members of a JSON object, counted without keeping them.
+fn count_members<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u128, D::Error> {
+    struct Count;
+    impl<'de> serde::de::Visitor<'de> for Count {
+        type Value = u128;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_unit<E>(self) -> Result<u128, E> {
+            Ok(0)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<u128, A::Error> {
+            let mut n = 0;
+            while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {
+                n += 1;
+            }
+            Ok(n)
+        }
+    }
+    deserializer.deserialize_any(Count)
+}
 
 pub struct SlicePass {
     client: kube::Client,
+    api: super::api::Api,
     namespace: String,
     cool_down: Duration,
     engine: EngineComponent,
@@ -65,8 +113,8 @@ struct Wanted {
 impl SlicePass {
     /// `engine`: the process's one engine instance (its code is registered
     /// with wasmtime once per process).
-    pub fn new(client: kube::Client, options: &Options, engine: EngineComponent) -> Self {
-        SlicePass { client, namespace: options.namespace.clone(), cool_down: options.cool_down, engine, logged: BTreeSet::new() }
+    pub fn new(api: super::api::Api, options: &Options, engine: EngineComponent) -> Self {
+        SlicePass { client: api.client.clone(), api, namespace: options.namespace.clone(), cool_down: options.cool_down, engine, logged: BTreeSet::new() }
     }
 
     pub async fn run(&mut self) -> Result<()> {
@@ -88,18 +136,14 @@ impl SlicePass {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let nodes: BTreeSet<String> =
             nodes.list_metadata(&ListParams::default()).await.context("listing Nodes")?.items.into_iter().filter_map(|n| n.metadata.name).collect();
-        let ippools: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.namespace, &IPPOOL_RESOURCE.api_resource());
-        let entries: BTreeMap<String, u128> = ippools
-            .list(&ListParams::default())
-            .await
-            .context("listing IPPools")?
-            .items
-            .into_iter()
-            .filter_map(|p| {
-                let count = p.data.pointer("/spec/allocations").and_then(Value::as_object).map_or(0, |a| a.len() as u128);
-                p.metadata.name.map(|n| (n, count))
+        let mut entries: BTreeMap<String, u128> = BTreeMap::new();
+        let path = crate::datastore::kubernetes::crd::collection_path(&self.namespace, crate::datastore::kubernetes::crd::IPPOOLS);
+        self.api
+            .list_pages::<PoolCount>(&path, POOLS_PAGE, |p| {
+                entries.insert(p.metadata.name, p.spec.allocations);
             })
-            .collect();
+            .await
+            .context("listing IPPools")?;
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.namespace, &NODE_SLICE_POOL_RESOURCE.api_resource());
         let mut current = BTreeMap::new();
         for object in api.list(&ListParams::default()).await.context("listing NodeSlicePools")?.items {
@@ -271,5 +315,17 @@ mod tests {
         assert_eq!((unbounded.capacity("192.0.2.0/26"), unbounded.free("a", "192.0.2.0/26")), (62, 57));
         let bounded = Usage::of(&wanted(r#","node_slice_max_entries":8"#), Some(&held), &pools);
         assert_eq!((bounded.capacity("192.0.2.0/26"), bounded.free("a", "192.0.2.0/26")), (8, 3));
+    }
+
+    #[test]
+    fn a_pool_is_read_as_its_name_and_its_number_of_entries() {
+        let pool: PoolCount = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "blue-node-1-192.0.2.0-28", "managedFields": [{"manager": "x"}]},
+            "spec": {"range": "192.0.2.0/28", "allocations": {"1": {"id": "c1", "podref": "ns/a"}, "2": {"id": "c2", "podref": "ns/b"}}},
+        }))
+        .unwrap();
+        assert_eq!((pool.metadata.name.as_str(), pool.spec.allocations), ("blue-node-1-192.0.2.0-28", 2));
+        let empty: PoolCount = serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": {"range": "192.0.2.0/28"}})).unwrap();
+        assert_eq!(empty.spec.allocations, 0);
     }
 }

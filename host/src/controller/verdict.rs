@@ -104,7 +104,7 @@ pub fn decide(held: &Holdings, pods: &dyn PodView, rules: Rules) -> Verdict {
             verdict.entries.push((e.clone(), reason));
         }
     }
-    let all = EntryIndex::new(&held.entries);
+    let all = EntryIndex::for_reservations(&held.entries, &held.reservations);
     let freed = EntryIndex::new(verdict.entries.iter().map(|(e, _)| e));
     let reasons: BTreeMap<(&str, &str), Reason> = verdict.entries.iter().map(|(e, r)| ((e.pool.as_ref(), e.key.as_str()), *r)).collect();
     let mut reservations = Vec::new();
@@ -214,11 +214,10 @@ mod tests {
     fn pod(phase: Phase, status: Option<&[&str]>) -> PodFacts {
         let ips = |l: &[&str]| l.iter().map(|s| s.parse::<IpAddr>().unwrap()).collect();
         PodFacts {
-            uid: "u2".into(),
             phase,
             node: "node-1".into(),
             finished_at: None,
-            network_status: status.map(|l| vec![Attached { interface: "net1".into(), ips: ips(l) }]),
+            network_status: status.map(|l| vec![Attached { interface: "net1".into(), ips: ips(l) }].into()),
         }
     }
     fn view(pods: &[(&str, PodFacts)]) -> View {

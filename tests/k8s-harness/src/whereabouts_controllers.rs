@@ -34,12 +34,26 @@ impl WhereaboutsControllers {
     /// Starts both for node `node`, with the ServiceAccount of `install`,
     /// chrooted under `dir`.
     pub fn start(whereabouts: &Whereabouts, install: &WhereaboutsInstall, cluster: &Cluster, node: &str, dir: &Path) -> Result<Self> {
+        Self::spawn(whereabouts, install, cluster, &[("ip-control-loop", node), ("ip-reconciler", node)], dir)
+    }
+
+    /// Starts `ip-control-loop` alone, one for each of `nodes` (the pods of
+    /// its DaemonSet on those nodes: each handles the deletes of its node's
+    /// pods), logging to `ip-control-loop-<node>.log`; no `ip-reconciler`.
+    pub fn start_control_loops(whereabouts: &Whereabouts, install: &WhereaboutsInstall, cluster: &Cluster, nodes: &[String], dir: &Path) -> Result<Self> {
+        let runs: Vec<(&str, &str)> = nodes.iter().map(|n| ("ip-control-loop", n.as_str())).collect();
+        Self::spawn(whereabouts, install, cluster, &runs, dir)
+    }
+
+    fn spawn(whereabouts: &Whereabouts, install: &WhereaboutsInstall, cluster: &Cluster, runs: &[(&str, &str)], dir: &Path) -> Result<Self> {
         let root = dir.join("whereabouts-root");
         lay_out(&root, whereabouts, install, cluster)?;
         let port = cluster.server_url().rsplit(':').next().context("the apiserver URL has a port")?.to_string();
         let mut children = Vec::new();
-        for name in ["ip-control-loop", "ip-reconciler"] {
-            let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+        let several = runs.iter().filter(|(name, _)| *name == "ip-control-loop").count() > 1;
+        for &(name, node) in runs {
+            let file = if several { format!("{name}-{node}.log") } else { format!("{name}.log") };
+            let log = std::fs::File::create(dir.join(file))?;
             let child = Command::new("chroot")
                 .arg(&root)
                 .arg(format!("/{name}"))
@@ -66,6 +80,11 @@ impl WhereaboutsControllers {
     /// so on stderr (its own message, the only sign of a run it gives).
     pub fn reconciler_runs(&self) -> usize {
         std::fs::read_to_string(self.logs.join("ip-reconciler.log")).map(|t| t.matches("reconciler run succeeded").count()).unwrap_or(0)
+    }
+
+    /// The process IDs, in start order (each `chroot` execs its binary).
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Child::id).collect()
     }
 
     /// Whether both still run.

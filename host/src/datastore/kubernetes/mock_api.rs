@@ -34,6 +34,9 @@ pub struct Sent {
     pub line: String,
     /// The JSON body, `Null` when there was none.
     pub body: Value,
+    /// The `Accept` header, empty when there was none: what representation
+    /// was asked for (a metadata-only list names `PartialObjectMetadataList`).
+    pub accept: String,
 }
 
 /// What the server saw so far.
@@ -80,9 +83,10 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 async fn serve(request: http::Request<Body>, log: Log, script: Script) -> Result<http::Response<Body>, BoxError> {
     let line = format!("{} {}", request.method(), request.uri());
+    let accept = request.headers().get(http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     let bytes = request.into_body().collect_bytes().await?;
     let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes)? };
-    log.0.lock().unwrap().push(Sent { line: line.clone(), body });
+    log.0.lock().unwrap().push(Sent { line: line.clone(), body, accept });
     let answer = script.0.lock().unwrap().pop_front();
     let (code, document) = match answer {
         Some(Answer::Ok(object)) => (200, object),

@@ -19,6 +19,21 @@
 //! It ends with the targets beside the figures: RSS ≤ 64 MiB, a full
 //! pass ≤ 5 s, delete-to-free p99 ≤ 2 s (figures, not assertions).
 //!
+//! `--slices`: the entries live in node-slice pools instead, as the plugin
+//! leaves them with `node_slice_size` (docs/datastores.md "Node slices"): one
+//! IPPool per node and network, named `bench-<node>-<slice>`, its range the
+//! node's /112 slice of the network's /96; a pod's entries are in its node's
+//! pools, one per network (`--allocations / --pods` networks; `--pools` is
+//! not used). There is no NAD, so the slice pass has nothing to lay out.
+//!
+//! `--whereabouts` (without `--slices`; needs `THEREABOUTS_WHEREABOUTS_DIR`):
+//! the deleted pods are the first pods of 4 nodes (25 each for 100), and after
+//! thereabouts' delete-to-free, whereabouts v0.9.4's own pod controller
+//! (`ip-control-loop`, one per node of the deleted pods, as its DaemonSet
+//! would run; no `ip-reconciler`) frees as many other pods of the same nodes,
+//! deleted at once, under a NAD naming every pool's range, followed by the
+//! same IPPool watch.
+//!
 //! The pools and pods are written directly (not through the plugin: too slow
 //! at this size), in the shapes the plugin and multus leave: pools named
 //! after their ranges (IPv6 /112s under the documentation prefix
@@ -51,6 +66,7 @@ use thereabouts_k8s_harness::apiserver_metrics::Metrics;
 use thereabouts_k8s_harness::controller::{self, Controller, Settings};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects};
 use thereabouts_k8s_harness::pods::{self, NETWORK_STATUS};
+use thereabouts_k8s_harness::whereabouts_controllers::WhereaboutsControllers;
 use thereabouts_k8s_harness::{Cluster, NAMESPACE};
 
 /// Requests in flight while setting up.
@@ -68,12 +84,25 @@ struct Options {
     nodes: usize,
     deleted: usize,
     runs: usize,
+    slices: bool,
+    whereabouts: bool,
 }
 
 fn parse_options() -> Result<Options> {
-    let mut o = Options { pods: 10_000, pools: 50, allocations: 50_000, nodes: 100, deleted: 100, runs: 3 };
+    let mut o = Options { pods: 10_000, pools: 50, allocations: 50_000, nodes: 100, deleted: 100, runs: 3, slices: false, whereabouts: false };
     let mut args = std::env::args().skip(1);
     while let Some(name) = args.next() {
+        match name.as_str() {
+            "--slices" => {
+                o.slices = true;
+                continue;
+            }
+            "--whereabouts" => {
+                o.whereabouts = true;
+                continue;
+            }
+            _ => {}
+        }
         let value: usize = args.next().with_context(|| format!("{name} needs a value"))?.parse().with_context(|| format!("{name}: a number"))?;
         match name.as_str() {
             "--pods" => o.pods = value,
@@ -82,55 +111,87 @@ fn parse_options() -> Result<Options> {
             "--nodes" => o.nodes = value,
             "--deleted" => o.deleted = value,
             "--runs" => o.runs = value,
-            _ => bail!("unknown option {name}: --pods N --pools N --allocations N --nodes N --deleted N --runs N"),
+            _ => bail!("unknown option {name}: --pods N --pools N --allocations N --nodes N --deleted N --runs N [--slices] [--whereabouts]"),
         }
     }
     if o.pods == 0 || o.nodes == 0 || o.runs == 0 || o.pools == 0 || o.pools > 0x1_0000 {
         bail!("--pods, --nodes, --runs and --pools must be positive (and --pools at most 65536)");
     }
-    if !o.allocations.is_multiple_of(o.pods) || o.allocations / o.pods > o.pools {
+    if o.slices {
+        o.pools = o.allocations / o.pods * o.nodes;
+        if !o.allocations.is_multiple_of(o.pods) || o.allocations / o.pods > 0x1_0000 || o.nodes > 0x1_0000 || o.pods / o.nodes + 1 >= 0x1_0000 {
+            bail!("--slices: --allocations a multiple of --pods (one network each), a node's pods within its /112");
+        }
+    } else if !o.allocations.is_multiple_of(o.pods) || o.allocations / o.pods > o.pools {
         bail!("--allocations must be a multiple of --pods, at most --pools entries per pod (each in another pool)");
     }
     if o.allocations / o.pools + 1 >= 0x1_0000 || o.deleted > o.pods {
         bail!("a pool's entries must fit in its /112, and --deleted be at most --pods");
     }
+    if o.whereabouts && (o.slices || 2 * o.deleted > o.pods.div_ceil(o.nodes) * VERSUS_NODES.min(o.nodes)) {
+        bail!("--whereabouts: without --slices, and twice --deleted within the pods of {VERSUS_NODES} nodes");
+    }
     Ok(o)
 }
 
-/// Where every entry lies: entry e (pod e / per_pod) is in pool e mod pools,
-/// at offset e / pools + 1, so a pod's entries are in distinct pools and the
-/// pools fill evenly.
+/// How many nodes' pods `--whereabouts` deletes (one `ip-control-loop` each).
+const VERSUS_NODES: usize = 4;
+/// How long whereabouts' deletes are followed; what is left then is counted.
+const WHEREABOUTS_LIMIT: Duration = Duration::from_secs(300);
+
+/// Where every entry lies. Without slices, entry e (pod e / per_pod) is in
+/// pool e mod pools, at offset e / pools + 1, so a pod's entries are in
+/// distinct pools and the pools fill evenly. With slices, pod p's entry of
+/// network k is in the pool of (k, its node p mod nodes), at offset
+/// p / nodes + 1.
 struct Layout {
     pods: usize,
     pools: usize,
     per_pod: usize,
+    nodes: usize,
+    slices: bool,
 }
 
 impl Layout {
     fn new(o: &Options) -> Layout {
-        Layout { pods: o.pods, pools: o.pools, per_pod: o.allocations / o.pods }
+        Layout { pods: o.pods, pools: o.pools, per_pod: o.allocations / o.pods, nodes: o.nodes, slices: o.slices }
     }
 
-    fn network(pool: usize) -> Ipv6Addr {
-        Ipv6Addr::new(0x2001, 0xdb8, pool as u16, 0, 0, 0, 0, 0)
+    fn network(&self, pool: usize) -> Ipv6Addr {
+        match self.slices {
+            // Network k's /96, node n's /112 slice of it.
+            true => Ipv6Addr::new(0x2001, 0xdb8, (pool / self.nodes) as u16, 0, 0, 0, (pool % self.nodes) as u16, 0),
+            false => Ipv6Addr::new(0x2001, 0xdb8, pool as u16, 0, 0, 0, 0, 0),
+        }
     }
 
-    fn range(pool: usize) -> String {
-        format!("{}/112", Self::network(pool))
+    fn range(&self, pool: usize) -> String {
+        format!("{}/112", self.network(pool))
+    }
+
+    /// The IPPool's name: the range's, or `bench-<node>-<slice>` for a node's slice.
+    fn name(&self, pool: usize) -> String {
+        match self.slices {
+            true => format!("bench-{}-{}", node_name(pool % self.nodes), pool_name(&self.range(pool))),
+            false => pool_name(&self.range(pool)),
+        }
     }
 
     /// (pool, offset) of each entry of `pod`.
     fn entries_of(&self, pod: usize) -> impl Iterator<Item = (usize, usize)> + use<> {
-        let (pools, first) = (self.pools, pod * self.per_pod);
-        (first..first + self.per_pod).map(move |e| (e % pools, e / pools + 1))
+        let (pools, first, nodes, slices) = (self.pools, pod * self.per_pod, self.nodes, self.slices);
+        (0..self.per_pod).map(move |k| match slices {
+            true => (k * nodes + pod % nodes, pod / nodes + 1),
+            false => ((first + k) % pools, (first + k) / pools + 1),
+        })
     }
 
-    fn address(pool: usize, offset: usize) -> Ipv6Addr {
-        Ipv6Addr::from(u128::from(Self::network(pool)) + offset as u128)
+    fn address(&self, pool: usize, offset: usize) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(self.network(pool)) + offset as u128)
     }
 
     fn addresses_of(&self, pod: usize) -> Vec<String> {
-        self.entries_of(pod).map(|(pool, offset)| Self::address(pool, offset).to_string()).collect()
+        self.entries_of(pod).map(|(pool, offset)| self.address(pool, offset).to_string()).collect()
     }
 
     /// The IPPool objects, as the plugin writes them.
@@ -148,8 +209,8 @@ impl Layout {
             .map(|(i, allocations)| {
                 json!({
                     "apiVersion": thereabouts_k8s_harness::plugin::GROUP_VERSION, "kind": "IPPool",
-                    "metadata": {"name": pool_name(&Self::range(i)), "namespace": NAMESPACE},
-                    "spec": {"range": Self::range(i), "allocations": allocations},
+                    "metadata": {"name": self.name(i), "namespace": NAMESPACE},
+                    "spec": {"range": self.range(i), "allocations": allocations},
                 })
             })
             .collect()
@@ -450,6 +511,8 @@ fn pools_holding(holding: &HashMap<String, BTreeSet<String>>) -> HashMap<&str, u
 struct Followed {
     /// The first delete sent.
     started: Instant,
+    /// Whether the limit came before every deleted pod's entries were gone.
+    timed_out: bool,
     answered: HashMap<String, Instant>,
     first_entry_freed: HashMap<String, Instant>,
     last_entry_freed: HashMap<String, Instant>,
@@ -486,10 +549,12 @@ async fn delete_and_follow(client: &kube::Client, deleted: &BTreeSet<String>, li
     }
     let (mut first_entry_freed, mut freed_at) = (HashMap::new(), HashMap::new());
     let end = tokio::time::Instant::now() + limit;
+    let mut timed_out = false;
     while freed_at.len() < deleted.len() {
-        let event = tokio::time::timeout_at(end, next(stream.as_mut()))
-            .await
-            .map_err(|_| anyhow::anyhow!("after {limit:?}, {} of {} deleted pods still hold entries", deleted.len() - freed_at.len(), deleted.len()))?;
+        let Ok(event) = tokio::time::timeout_at(end, next(stream.as_mut())).await else {
+            timed_out = true;
+            break;
+        };
         match event.context("the IPPool watch ended")? {
             Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
                 holding.insert(p.metadata.name.clone().unwrap_or_default(), held_podrefs(&p, deleted));
@@ -520,7 +585,7 @@ async fn delete_and_follow(client: &kube::Client, deleted: &BTreeSet<String>, li
         let (podref, at) = done??;
         answered.insert(podref, at);
     }
-    Ok(Followed { started, answered, first_entry_freed, last_entry_freed: freed_at })
+    Ok(Followed { started, timed_out, answered, first_entry_freed, last_entry_freed: freed_at })
 }
 
 /// `VmHWM` of a process, in KiB.
@@ -571,9 +636,11 @@ fn wait_until_settled(ctl: &Controller, sample: &str, quiet: Duration, limit: Du
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn delete_to_free(
     o: &Options,
     layout: &Layout,
+    deleted: &BTreeSet<String>,
     cluster: &Cluster,
     metrics: &Metrics,
     rt: &tokio::runtime::Runtime,
@@ -595,13 +662,18 @@ fn delete_to_free(
     let entries_before = count_entries(&objects)?;
     let pod_delete_seconds = "thereabouts_reconcile_duration_seconds_sum{kind=\"pod_delete\"}";
     let (passes_before, seconds_before) = (ctl.metric(pod_delete_ok)?, ctl.metric(pod_delete_seconds)?);
-    // Spread over the pods, and shifted by one more each, so that their
-    // entries lie in every pool (pod p's are in pools p·k .. p·k+k-1 mod pools).
-    let step = (o.pods / o.deleted.max(1)).max(1);
-    let deleted: BTreeSet<String> = (0..o.deleted).map(|i| format!("default/{}", pod_name(i * step + i % step))).collect();
     let client = rt.block_on(cluster.admin_client())?;
     let served_before = Served::scrape(metrics)?;
-    let followed = rt.block_on(delete_and_follow(&client, &deleted, Duration::from_secs(120)))?;
+    let limit = Duration::from_secs(120);
+    let followed = rt.block_on(delete_and_follow(&client, deleted, limit))?;
+    if followed.timed_out {
+        bail!(
+            "after {limit:?}, {} of {} deleted pods still hold entries; controller log {}",
+            deleted.len() - followed.last_entry_freed.len(),
+            deleted.len(),
+            log.display()
+        );
+    }
     let last_freed = followed.last_entry_freed.values().max().copied().unwrap_or(followed.started);
     // The last pass ends after its last write (its Events come after).
     wait_until_settled(&ctl, pod_delete_seconds, Duration::from_secs(2), Duration::from_secs(60))?;
@@ -626,9 +698,84 @@ fn delete_to_free(
     Ok(freed)
 }
 
+/// The pods deleted at once: spread over the pods, and shifted by one more
+/// each, so that their entries lie in every pool (pod p's are in pools
+/// p·k .. p·k+k-1 mod pools); with `--whereabouts`, the first pods of
+/// [`VERSUS_NODES`] nodes (`round` 0) or the next as many (`round` 1).
+fn deleted_pods(o: &Options, round: usize) -> BTreeSet<String> {
+    if o.whereabouts {
+        let per_node = o.deleted.div_ceil(VERSUS_NODES);
+        return (0..o.deleted).map(|i| format!("default/{}", pod_name(i % VERSUS_NODES + (round * per_node + i / VERSUS_NODES) * o.nodes))).collect();
+    }
+    let step = (o.pods / o.deleted.max(1)).max(1);
+    (0..o.deleted).map(|i| format!("default/{}", pod_name(i * step + i % step))).collect()
+}
+
+// ---- phase 3: whereabouts' own pod controller ----
+
+struct TheirFreed {
+    delete_to_free_ms: Vec<f64>,
+    freed: usize,
+    deleted: usize,
+    timed_out: bool,
+    all_freed: Duration,
+    served: Served,
+    /// The largest of the control loops' `VmHWM`, and their sum.
+    peak_rss_kib: (u64, u64),
+    entries_left: usize,
+    expected_left: usize,
+    processes: usize,
+}
+
+/// whereabouts v0.9.4's `ip-control-loop`, one per node of `deleted`, frees
+/// `deleted` (deleted at once) under a NAD `default/bench` naming every
+/// pool's range, the way a whereabouts user's would.
+fn whereabouts_delete_to_free(
+    layout: &Layout,
+    cluster: &Cluster,
+    metrics: &Metrics,
+    rt: &tokio::runtime::Runtime,
+    deleted: &BTreeSet<String>,
+    work: &Path,
+) -> Result<TheirFreed> {
+    let whereabouts = thereabouts_k8s_harness::peers::whereabouts().context("whereabouts v0.9.4 (THEREABOUTS_WHEREABOUTS_DIR)")?;
+    let install = rt.block_on(whereabouts.install(cluster))?;
+    let ranges: Vec<Value> = (0..layout.pools).map(|p| json!({"range": layout.range(p)})).collect();
+    let nad = json!({"cniVersion": "0.3.1", "name": "bench", "type": "macvlan", "master": "eth0", "ipam": {"type": "whereabouts", "ipRanges": ranges}});
+    rt.block_on(controller::create_nad(cluster, "bench", &nad))?;
+    let nodes: Vec<String> = (0..VERSUS_NODES).map(node_name).collect();
+    let dir = work.join("whereabouts");
+    std::fs::create_dir_all(&dir)?;
+    let theirs = WhereaboutsControllers::start_control_loops(&whereabouts, &install, cluster, &nodes, &dir)?;
+    // Their informers list every IPPool, NAD and their node's pods first.
+    std::thread::sleep(Duration::from_secs(15));
+    let objects = Objects::admin(cluster)?;
+    let entries_before = count_entries(&objects)?;
+    let client = rt.block_on(cluster.admin_client())?;
+    let served_before = Served::scrape(metrics)?;
+    let followed = rt.block_on(delete_and_follow(&client, deleted, WHEREABOUTS_LIMIT))?;
+    let last_freed = followed.last_entry_freed.values().max().copied().unwrap_or(followed.started);
+    std::thread::sleep(Duration::from_secs(2));
+    let rss: Vec<u64> = theirs.pids().into_iter().filter_map(|pid| peak_rss_kib(pid).ok()).collect();
+    let out = TheirFreed {
+        delete_to_free_ms: since_answer(&followed, &followed.last_entry_freed),
+        freed: followed.last_entry_freed.len(),
+        deleted: deleted.len(),
+        timed_out: followed.timed_out,
+        all_freed: last_freed - followed.started,
+        served: Served::scrape(metrics)?.since(&served_before),
+        peak_rss_kib: (rss.iter().copied().max().unwrap_or(0), rss.iter().sum()),
+        entries_left: count_entries(&objects)?,
+        expected_left: entries_before - deleted.len() * layout.per_pod,
+        processes: rss.len(),
+    };
+    drop(theirs);
+    Ok(out)
+}
+
 // ---- report ----
 
-fn report(o: &Options, setup: Duration, runs: &[PassRun], freed: &Freed) {
+fn report(o: &Options, setup: Duration, runs: &[PassRun], freed: &Freed, theirs: Option<&TheirFreed>) {
     let walls: Vec<f64> = runs.iter().map(|r| ms(r.wall)).collect();
     let requests: Vec<f64> = runs.iter().map(|r| r.served.total_without_upkeep()).collect();
     let rss: Vec<f64> = runs.iter().map(|r| mib(r.peak_rss_kib)).collect();
@@ -639,13 +786,15 @@ fn report(o: &Options, setup: Duration, runs: &[PassRun], freed: &Freed) {
     let (p50, p99, max) = (percentile(d, 50.0), percentile(d, 99.0), percentile(d, 100.0));
     println!();
     println!(
-        "{} pods over {} Ready nodes, {} IPPools (IPv6 /112) holding {} entries ({} per pod), all pods live; setup {:.1} s; 2 cores",
+        "{} pods over {} Ready nodes, {} IPPools (IPv6 /112{}) holding {} entries ({} per pod), all pods live; setup {:.1} s; 2 cores; load average {}",
         o.pods,
         o.nodes,
         o.pools,
+        if o.slices { ", node slices" } else { "" },
         o.allocations,
         o.allocations / o.pods,
-        setup.as_secs_f64()
+        setup.as_secs_f64(),
+        load_average()
     );
     println!();
     println!(
@@ -683,6 +832,25 @@ fn report(o: &Options, setup: Duration, runs: &[PassRun], freed: &Freed) {
         freed.leader_full_pass_seconds * 1000.0
     );
     println!("  entries: {} before the deletes, {} after (exactly the deleted pods' own)", freed.entries_before, freed.entries_left);
+    if let Some(t) = theirs {
+        let d = &t.delete_to_free_ms;
+        println!(
+            "whereabouts v0.9.4 ip-control-loop ({} processes, one per node; {} other pods of the same nodes at once): {} of {} freed{}; p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; all freed {:.0} ms after the first delete; peak RSS {:.1} MiB (largest), {:.1} MiB (sum)",
+            t.processes,
+            t.deleted,
+            t.freed,
+            t.deleted,
+            if t.timed_out { " (timed out)" } else { "" },
+            percentile(d, 50.0),
+            percentile(d, 99.0),
+            percentile(d, 100.0),
+            ms(t.all_freed),
+            mib(t.peak_rss_kib.0),
+            mib(t.peak_rss_kib.1)
+        );
+        println!("  apiserver requests, deletes to the last free: {}", t.served.timed_breakdown());
+        println!("  entries left {} (expected {})", t.entries_left, t.expected_left);
+    }
     let errors: Vec<&String> = runs.iter().flat_map(|r| &r.errors).chain(&freed.errors).collect();
     println!("  controller logs: {} [error] line(s)", errors.len());
     for line in errors.iter().take(5) {
@@ -695,6 +863,11 @@ fn report(o: &Options, setup: Duration, runs: &[PassRun], freed: &Freed) {
     println!("| RSS ≤ {TARGET_RSS_MIB:.0} MiB | {peak:.1} MiB | {} |", verdict(peak <= TARGET_RSS_MIB));
     println!("| full pass ≤ {:.0} s | {:.0} ms | {} |", TARGET_PASS_MS / 1000.0, median(&walls), verdict(median(&walls) <= TARGET_PASS_MS));
     println!("| delete-to-free p99 ≤ {:.0} s | {p99:.0} ms | {} |", TARGET_P99_MS / 1000.0, verdict(p99 <= TARGET_P99_MS));
+}
+
+/// `/proc/loadavg`'s three averages (the machine is shared: each figure with its load).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
 }
 
 fn main() -> Result<()> {
@@ -723,7 +896,13 @@ fn main() -> Result<()> {
     })?;
     let metrics = Metrics::admin(&cluster)?;
     let runs = full_passes(&o, &objects, &metrics, &kubeconfig, work.path())?;
-    let freed = delete_to_free(&o, &layout, &cluster, &metrics, &rt, &kubeconfig, work.path())?;
-    report(&o, setup, &runs, &freed);
+    eprintln!("load average after the full passes: {}", load_average());
+    let freed = delete_to_free(&o, &layout, &deleted_pods(&o, 0), &cluster, &metrics, &rt, &kubeconfig, work.path())?;
+    eprintln!("load average after thereabouts' deletes: {}", load_average());
+    let theirs = match o.whereabouts {
+        true => Some(whereabouts_delete_to_free(&layout, &cluster, &metrics, &rt, &deleted_pods(&o, 1), work.path())?),
+        false => None,
+    };
+    report(&o, setup, &runs, &freed, theirs.as_ref());
     Ok(())
 }
