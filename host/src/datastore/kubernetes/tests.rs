@@ -492,6 +492,29 @@ fn a_lost_race_waits_for_the_ticket_ahead_to_go() {
 }
 
 #[test]
+fn a_holder_reads_the_pool_as_new_as_the_holder_before_it_wrote_it_and_leaves_its_own_write_on_its_ticket() {
+    let p = pool("192.0.2.0/24");
+    let mut gone = ticket("t0", "19", &p.name);
+    gone["metadata"]["annotations"][turn::WRITTEN_ANNOTATION] = json!(format!("{}=25,other=3", p.name));
+    let mut answers = first_attempt_refused(&p, Answer::Status(422, "Invalid", Value::Null));
+    answers.extend([
+        tickets(vec![ticket("t0", "19", &p.name)]),
+        Answer::Ok(json!({"type": "DELETED", "object": gone})),
+        Answer::Ok(ticket("t1", "20", &p.name)),
+    ]);
+    let (s, log, script) = store("ns", answers);
+    let mut tx = lose_first_attempt(&s, &p);
+    script.then(vec![listed(&p, "25", "26", json!({})), created("u2"), Answer::Ok(json!({"metadata": {"resourceVersion": "27"}})), ok(), ok()]);
+    tx.load().unwrap();
+    // Not the cache as it is: it may not hold t0's write yet.
+    assert_eq!(log.lines()[8], format!("GET {API}/ippools?fieldSelector=metadata.name%3D192.0.2.0-24&resourceVersion=25&resourceVersionMatch=NotOlderThan"));
+    assert_eq!(tx.commit(&[add(&p, "25", "192.0.2.1", &alloc(1, "c1", "a"))]).unwrap(), Outcome::Committed);
+    drop(tx);
+    assert_eq!(log.lines()[11..], [format!("PATCH {LEASES}/t1"), format!("DELETE {LEASES}/t1")]);
+    assert_eq!(log.body(11)["metadata"]["annotations"][turn::WRITTEN_ANNOTATION], format!("{}=27", p.name));
+}
+
+#[test]
 fn a_queue_that_shows_no_sign_of_life_loses_its_head() {
     let p = pool("192.0.2.0/24");
     let stuck = || tickets(vec![ticket("t0", "19", &p.name)]);

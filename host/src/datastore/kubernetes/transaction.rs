@@ -513,7 +513,7 @@ impl KubeTransaction<'_> {
         // Served by another DEL's write: the cache once it holds that write.
         let version = match &self.turn {
             TurnState::Node(turn) => turn.last_version(&pool.name).map(|v| format!("resourceVersion={v}&resourceVersionMatch=NotOlderThan")),
-            TurnState::Holding(turn) => turn.served_at().map(|v| format!("resourceVersion={v}&resourceVersionMatch=NotOlderThan")),
+            TurnState::Holding(turn) => turn.read_at(&pool.name).map(|v| format!("resourceVersion={v}&resourceVersionMatch=NotOlderThan")),
             _ => None,
         };
         let path = format!("{}&{}", crd::named_list_path(&self.store.namespace, IPPOOLS, &pool.name), version.as_deref().unwrap_or("resourceVersion=0"));
@@ -525,7 +525,7 @@ impl KubeTransaction<'_> {
     fn hinted(&self, pool: &PoolId) -> bool {
         match &self.turn {
             TurnState::Node(turn) => turn.last_version(&pool.name).is_some(),
-            TurnState::Holding(turn) => turn.served_at().is_some(),
+            TurnState::Holding(turn) => turn.read_at(&pool.name).is_some(),
             TurnState::NotYet | TurnState::Without => false,
         }
     }
@@ -554,7 +554,7 @@ impl KubeTransaction<'_> {
                 ));
                 match &mut self.turn {
                     TurnState::Node(turn) => turn.record(&pool.name, ""),
-                    TurnState::Holding(turn) => turn.forget_served_at(),
+                    TurnState::Holding(turn) => turn.forget_read_at(),
                     TurnState::NotYet | TurnState::Without => {}
                 }
                 let plain = self.pool_read_request(pool);
@@ -747,15 +747,17 @@ impl KubeTransaction<'_> {
     }
 
     /// What the answer to [`Self::pool_write_request`] means.
-    fn pool_write_outcome(&self, update: &PoolUpdate, answer: Result<Reply, DatastoreError>) -> Result<Outcome, DatastoreError> {
+    fn pool_write_outcome(&mut self, update: &PoolUpdate, answer: Result<Reply, DatastoreError>) -> Result<Outcome, DatastoreError> {
         let name = &update.pool.name;
         let conflict = || Ok(Outcome::Retry(Retry::Conflict { pool: name.clone() }));
         let action = if update.expected.is_absent() { "creating" } else { "patching" };
         let action = format!("{action} IPPool {}/{name}", self.store.namespace);
         match answer? {
             Reply::Object(written) => {
-                if let (TurnState::Node(turn), Some(version)) = (&self.turn, written.pointer("/metadata/resourceVersion").and_then(Value::as_str)) {
-                    turn.record(name, version);
+                match (&mut self.turn, written.pointer("/metadata/resourceVersion").and_then(Value::as_str)) {
+                    (TurnState::Node(turn), Some(version)) => turn.record(name, version),
+                    (TurnState::Holding(turn), Some(version)) => turn.record_written(name, version),
+                    _ => {}
                 }
                 Ok(Outcome::Committed)
             }

@@ -39,7 +39,7 @@
 //! unparsable version, an error, the call's time running short) ends in going
 //! ahead without a turn, which is exactly the protocol without turns.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
@@ -63,6 +63,14 @@ pub const RELEASE_GROUP_ANNOTATION: &str = "thereabouts.io/release-group";
 /// A DEL's ticket: the container ID and interface whose entries it releases.
 pub const RELEASE_CONTAINER_ANNOTATION: &str = "thereabouts.io/release-container";
 pub const RELEASE_IFNAME_ANNOTATION: &str = "thereabouts.io/release-ifname";
+/// On a ticket as its holder leaves it: the pools it wrote, each with the
+/// `resourceVersion` of its write (`pool=version,...`). The next holder reads
+/// each pool as new as that from the watch cache: a read of the cache as it
+/// is may come before the cache saw that write, and a plan on it fails its
+/// entry tests (under load, 1 515 refused patches in a burst of 500 DELs).
+/// The delete's own revision would do as well, but an IPPool cache reaches it
+/// only with etcd's next progress notification, 40-100 ms later.
+pub const WRITTEN_ANNOTATION: &str = "thereabouts.io/written";
 /// At most this many DELs are served by one write: its JSON patch holds two
 /// operations per entry removed, and a patch of this many stays far below the
 /// apiserver's 3 MiB request limit.
@@ -106,16 +114,28 @@ pub(super) struct Turn {
     /// The queue as the wait last listed it, when that LIST is what ended the
     /// wait: the first [`queued`] of the turn uses it instead of another.
     listed: Option<Vec<Ticket>>,
+    /// What the holders that went just before this one wrote: pool, version.
+    written_before: BTreeMap<String, String>,
+    /// What this holder wrote, left on its ticket when the turn ends.
+    written: BTreeMap<String, String>,
 }
 
 impl Turn {
-    pub(super) fn served_at(&self) -> Option<&str> {
-        self.served_at.as_deref()
+    /// The version a read of `pool` asks for at least: the revision that
+    /// served this call, else the write of `pool` by the holder before it.
+    pub(super) fn read_at(&self, pool: &str) -> Option<&str> {
+        self.served_at.as_deref().or_else(|| self.written_before.get(pool).map(String::as_str))
     }
 
     /// Reads go back to the cache as it is (that revision is unknown to this apiserver).
-    pub(super) fn forget_served_at(&mut self) {
+    pub(super) fn forget_read_at(&mut self) {
         self.served_at = None;
+        self.written_before.clear();
+    }
+
+    /// This holder wrote `pool` at `version`.
+    pub(super) fn record_written(&mut self, pool: &str, version: &str) {
+        self.written.insert(pool.to_string(), version.to_string());
     }
 }
 
@@ -176,7 +196,7 @@ fn ticket_body(namespace: &str, pools: &BTreeSet<String>, holder: &str, offer: O
 }
 
 /// Queues for `pools` and returns once it is this call's turn, or once a DEL
-/// of its group served it ([`Turn::served_at`]); `None` when the call goes
+/// of its group served it ([`Turn::read_at`]); `None` when the call goes
 /// ahead without one (see the module comment), with why logged.
 pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, offer: Option<&ReleaseOffer>, deadline: Instant) -> Option<Turn> {
     let pools: BTreeSet<String> = pools.iter().map(|p| p.name.clone()).collect();
@@ -189,13 +209,15 @@ pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, offe
         }
     };
     match wait(store, &mine, give_up) {
-        Ok(Waited::Ours(waited, listed)) => {
-            logging::debug(format!("turn {} on pools {pools:?}: ours after {} ms", mine.name, waited.as_millis()));
-            Some(Turn { renewal: Some(renew(store, &mine.name)), name: mine.name, version: mine.version, served_at: None, listed })
+        Ok(Waited::Ours { after, listed, written_before }) => {
+            logging::debug(format!("turn {} on pools {pools:?}: ours after {} ms", mine.name, after.as_millis()));
+            let renewal = Some(renew(store, &mine.name));
+            Some(Turn { renewal, name: mine.name, version: mine.version, served_at: None, listed, written_before, written: BTreeMap::new() })
         }
         Ok(Waited::Served { after, revision }) => {
             logging::debug(format!("turn {} on pools {pools:?}: served by another DEL after {} ms", mine.name, after.as_millis()));
-            Some(Turn { renewal: None, name: mine.name, version: mine.version, served_at: Some(revision), listed: None })
+            let (written_before, written) = (BTreeMap::new(), BTreeMap::new());
+            Some(Turn { renewal: None, name: mine.name, version: mine.version, served_at: Some(revision), listed: None, written_before, written })
         }
         Err(why) => {
             logging::verbose(format!("turn {} on pools {pools:?}: going ahead without it: {why}", mine.name));
@@ -205,11 +227,36 @@ pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, offe
     }
 }
 
-/// Ends a turn: the next one in the queue goes.
+/// Ends a turn: the next one in the queue goes, told what this one wrote.
 pub(super) fn end(store: &KubernetesStore, turn: Turn) {
     if let Some(renewal) = turn.renewal {
         renewal.abort();
+        if !turn.written.is_empty() {
+            leave_written(store, &turn.name, &turn.written);
+        }
         delete(store, &turn.name, None);
+    }
+}
+
+/// Puts [`WRITTEN_ANNOTATION`] on ticket `name`, best effort: without it the
+/// next holder reads the cache as it is, which is safe, only maybe stale.
+fn leave_written(store: &KubernetesStore, name: &str, written: &BTreeMap<String, String>) {
+    let action = format!("leaving what the turn wrote on ticket {}/{name}", store.namespace);
+    let text = written.iter().map(|(pool, version)| format!("{pool}={version}")).collect::<Vec<_>>().join(",");
+    let patch = json!({"metadata": {"annotations": {WRITTEN_ANNOTATION: text}}});
+    match store.call(Method::PATCH, &ticket_path(&store.namespace, name), Some((JSON_MERGE_PATCH, &patch)), &action, Instant::now() + CLEANUP_GRACE) {
+        Ok(Reply::Object(_)) => {}
+        Ok(Reply::Status(s)) => logging::debug(store.status_error(&s, &action).to_string()),
+        Err(e) => logging::debug(format!("{e}")),
+    }
+}
+
+/// [`WRITTEN_ANNOTATION`] of a deleted ticket, read into `into`.
+fn read_written(ticket: &Value, into: &mut BTreeMap<String, String>) {
+    let key = format!("/metadata/annotations/{}", WRITTEN_ANNOTATION.replace('/', "~1"));
+    let Some(text) = ticket.pointer(&key).and_then(Value::as_str) else { return };
+    for (pool, version) in text.split(',').filter_map(|pair| pair.split_once('=')) {
+        into.insert(pool.to_string(), version.to_string());
     }
 }
 
@@ -275,8 +322,9 @@ fn create(store: &KubernetesStore, pools: &BTreeSet<String>, holder: &str, offer
 
 /// How a wait in the queue ended.
 enum Waited {
-    /// No ticket is ahead any more, after this long; the queue, when a LIST told.
-    Ours(Duration, Option<Vec<Ticket>>),
+    /// No ticket is ahead any more, after this long; the queue, when a LIST
+    /// told; what the holders just ahead wrote, when their deletes told.
+    Ours { after: Duration, listed: Option<Vec<Ticket>>, written_before: BTreeMap<String, String> },
     /// Our ticket left the queue (a DEL of our group served us), found by the
     /// LIST of `revision`, after this long.
     Served { after: Duration, revision: String },
@@ -297,7 +345,7 @@ fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Wait
         }
         let ahead = ahead_of(mine, &listed);
         if ahead.is_empty() {
-            return Ok(Waited::Ours(started.elapsed(), Some(listed)));
+            return Ok(Waited::Ours { after: started.elapsed(), listed: Some(listed), written_before: BTreeMap::new() });
         }
         match &unchanged {
             Some((before, since)) if *before == ahead => {
@@ -330,10 +378,14 @@ fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Wait
         // The revision of the last delete seen: a ticket goes only after its
         // holder's write, so a read as new as this one holds that write.
         let mut deleted_at = None;
+        let mut written_before = BTreeMap::new();
         for ticket in nearest {
             let until = (Instant::now() + patience).min(give_up);
             match watch_until_deleted(store, &ticket.name, &revision, until)? {
-                Some(at) => deleted_at = Some(at),
+                Some((at, gone)) => {
+                    read_written(&gone, &mut written_before);
+                    deleted_at = Some(at);
+                }
                 None => {
                     deleted_at = None;
                     break;
@@ -345,7 +397,7 @@ fn wait(store: &KubernetesStore, mine: &Ticket, give_up: Instant) -> Result<Wait
             // that removed its entries)? One GET of the small ticket, not a
             // LIST of the queue: a write that served many wakes them all.
             return Ok(if still_queued(store, &mine.name, give_up) {
-                Waited::Ours(started.elapsed(), None)
+                Waited::Ours { after: started.elapsed(), listed: None, written_before }
             } else {
                 Waited::Served { after: started.elapsed(), revision: at }
             });
@@ -389,9 +441,10 @@ fn still_queued(store: &KubernetesStore, name: &str, deadline: Instant) -> bool 
     !matches!(store.call(Method::GET, &ticket_path(&store.namespace, name), None, &action, deadline), Ok(Reply::Status(s)) if s.code == 404)
 }
 
-/// Watches ticket `name` from `revision` on; the revision of its delete once
-/// it is deleted, `None` when `until` came first or the watch ended without it.
-fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, until: Instant) -> Result<Option<String>, String> {
+/// Watches ticket `name` from `revision` on; the revision of its delete and
+/// the ticket as deleted, once it is deleted; `None` when `until` came first or
+/// the watch ended without it.
+fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, until: Instant) -> Result<Option<(String, Value)>, String> {
     let limit = until.saturating_duration_since(Instant::now());
     let path = format!(
         "{}?watch=true&fieldSelector=metadata.name%3D{name}&resourceVersion={revision}&timeoutSeconds={}",
@@ -412,8 +465,8 @@ fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, unti
         while let Some(event) = events.try_next().await.map_err(|e| e.to_string())? {
             match event {
                 WatchEvent::Deleted(gone) => {
-                    let at = gone.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(revision);
-                    return Ok(Some(at.to_string()));
+                    let at = gone.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(revision).to_string();
+                    return Ok(Some((at, gone)));
                 }
                 // The revision listed is older than the watch cache's window
                 // (a long queue moves fast): list again, not a failure.
