@@ -11,10 +11,15 @@ use crate::ip::{self, Cidr, format_ip, from_u128};
 use crate::model::{NodeSlicing, NormalizedRange};
 use crate::naming;
 
-/// The most slices a range may be divided into. It bounds the `NodeSlicePool`
-/// object (about 60 bytes a slice: 250 KB at most, far below etcd's 1.5 MiB,
-/// whereabouts#497) and what every ADD reads of it.
-pub const MAX_SLICES: u32 = 4096;
+/// The most slices whereabouts' shape keeps in one `NodeSlicePool` object
+/// (about 60 bytes a slice: 250 KB, far below etcd's 1.5 MiB, whereabouts#497).
+/// A range of more slices keeps each held slice in an object of its own.
+pub const ONE_OBJECT_SLICES: u32 = 4096;
+
+/// The most slices a range may be divided into: 5 000 nodes and more, each
+/// with room for more than one slice. It bounds the layout a claim walks and
+/// the table the controller keeps per range (about 4 MB at most).
+pub const MAX_SLICES: u32 = 65_536;
 
 /// `node_slice_size` of a range (`"/22"` or `"22"`), checked against the range:
 /// at least as long as its prefix, leaving each slice a usable address, and at
@@ -191,7 +196,7 @@ mod tests {
         assert_eq!(e.field, "ipam.ipRanges[1].node_slice_size");
         assert!(e.message.contains("does not fit range 2001:db8::/64"), "{}", e.message);
         assert_eq!(error(r#""range":"192.0.2.0/24","node_slice_size":"/31""#).field, "ipam.node_slice_size");
-        assert!(error(r#""range":"10.0.0.0/8","node_slice_size":"/24""#).message.contains("use /20 or shorter"));
+        assert!(error(r#""range":"10.0.0.0/8","node_slice_size":"/25""#).message.contains("use /24 or shorter"));
         assert!(error(r#""range":"192.0.2.0/24","node_slice_size":"big""#).message.contains("invalid node_slice_size"));
     }
 

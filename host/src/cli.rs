@@ -166,6 +166,11 @@ pub enum CliCommand {
         /// must exceed the plugin's longest call (its ADD budget, 120 s)
         #[arg(long, default_value_t = 150)]
         cool_down_seconds: u64,
+        /// Keep each held slice of a layout of at most 4 096 slices in an
+        /// object of its own, besides whereabouts' list (larger layouts always
+        /// do); without it such layouts move back to the list alone
+        #[arg(long)]
+        slice_objects: bool,
         /// Seconds between full reconcile passes (a pod's delete frees its
         /// addresses at once; full passes catch what no event told)
         #[arg(long, default_value_t = 300)]
@@ -239,6 +244,7 @@ pub fn run(cli: Cli) -> Result<()> {
             lease_seconds,
             resync_seconds,
             cool_down_seconds,
+            slice_objects,
             reconcile_interval_seconds,
             completed_grace_seconds,
             unbacked_grace_seconds,
@@ -256,6 +262,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 lease_seconds,
                 resync: std::time::Duration::from_secs(resync_seconds),
                 cool_down: std::time::Duration::from_secs(cool_down_seconds),
+                slice_objects,
                 reconcile_interval: std::time::Duration::from_secs(reconcile_interval_seconds),
                 completed_grace: std::time::Duration::from_secs(completed_grace_seconds),
                 unbacked_grace: std::time::Duration::from_secs(unbacked_grace_seconds),

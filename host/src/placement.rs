@@ -9,9 +9,43 @@ use std::time::Instant;
 use thereabouts_allocator::model::{NormalizedConfig, NormalizedRange};
 
 use crate::component::{EngineComponent, EngineFailure};
-use crate::datastore::{Datastore, DatastoreError, PoolId};
+use crate::datastore::{Datastore, DatastoreError, PoolId, SliceCandidates};
 use crate::ipam::IpamError;
 use crate::node_name;
+
+/// The slices of one range a claim may take, from the engine. The engine's
+/// first failure is kept for the caller (the store speaks none of its errors).
+struct Candidates<'a> {
+    engine: &'a mut EngineComponent,
+    range: &'a NormalizedRange,
+    network_name: &'a str,
+    node: &'a str,
+    failure: Option<anyhow::Error>,
+}
+
+impl SliceCandidates for Candidates<'_> {
+    fn usable(&mut self, slice: &str) -> bool {
+        match self.engine.slice_of_range(self.range, self.network_name, self.node, slice) {
+            Ok(Ok(_)) => true,
+            Ok(Err(_)) => false,
+            Err(e) => {
+                self.failure.get_or_insert(e);
+                false
+            }
+        }
+    }
+
+    fn layout(&mut self) -> Vec<String> {
+        match self.engine.node_slices(self.range) {
+            Ok(Ok(slices)) => slices,
+            Ok(Err(_)) => Vec::new(),
+            Err(e) => {
+                self.failure.get_or_insert(e);
+                Vec::new()
+            }
+        }
+    }
+}
 
 /// Per range of the config, the ranges an address may come from, in order of
 /// preference.
@@ -113,18 +147,10 @@ impl Placement {
         let (Some(node), Some((range, slicing))) = (self.node.clone(), sliced) else {
             return Err(IpamError::EngineAnswer { detail: "claim for a range that is not sliced" });
         };
-        let mut failure = None;
-        let mut usable = |slice: &str| match engine.slice_of_range(range, &config.network_name, &node, slice) {
-            Ok(Ok(_)) => true,
-            Ok(Err(_)) => false,
-            Err(e) => {
-                failure = Some(e);
-                false
-            }
-        };
+        let mut candidates = Candidates { engine: &mut *engine, range, network_name: &config.network_name, node: &node, failure: None };
         let known: Vec<String> = self.choices[index].iter().map(|r| r.cidr.clone()).collect();
-        let claimed = store.claim_slice(&slicing.slice_pool, &node, &known, &mut usable, deadline)?;
-        if let Some(e) = failure {
+        let claimed = store.claim_slice(&slicing.slice_pool, &node, &known, &mut candidates, deadline)?;
+        if let Some(e) = candidates.failure {
             return Err(EngineFailure(e).into());
         }
         let Some(slice) = claimed else {

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::datastore::kubernetes::slices::{COOLING_ANNOTATION, Cooling, SliceTable};
+use crate::datastore::kubernetes::slices::{COOLING_ANNOTATION, Cooling, ONE_OBJECT_SLICES, SLICE_OBJECTS_ANNOTATION, SliceTable};
 
 /// The layout the NADs ask for: one sliced range of one network.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +65,7 @@ pub fn fresh(desired: &Desired) -> SliceTable {
         cooling: BTreeMap::new(),
         resource_version: String::new(),
         uid: String::new(),
+        shape: Default::default(),
     }
 }
 
@@ -180,21 +181,35 @@ fn hand_back_extras(table: &mut SliceTable, usage: &dyn SliceUse, now: u64, note
 }
 
 /// The `NodeSlicePool` object holding `table`, as whereabouts writes it plus the
-/// cooling annotation; `resourceVersion` set when replacing.
+/// cooling annotation and the shape's (`slices::Shape`); `resourceVersion` set
+/// when replacing. A layout of more slices than one object holds lists none:
+/// its slice objects say who holds what.
 pub fn object(name: &str, namespace: &str, table: &SliceTable) -> Value {
     let mut metadata = json!({"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "thereabouts-controller"}});
-    if !table.cooling.is_empty() {
-        metadata["annotations"] = json!({COOLING_ANNOTATION: serde_json::to_string(&table.cooling).unwrap_or_default()});
+    let listed = table.allocations.len() <= ONE_OBJECT_SLICES;
+    let mut annotations = serde_json::Map::new();
+    if listed && !table.cooling.is_empty() {
+        annotations.insert(COOLING_ANNOTATION.into(), json!(serde_json::to_string(&table.cooling).unwrap_or_default()));
+    }
+    if let Some(shape) = table.shape.annotation() {
+        annotations.insert(SLICE_OBJECTS_ANNOTATION.into(), json!(shape));
+    }
+    if !annotations.is_empty() {
+        metadata["annotations"] = Value::Object(annotations);
     }
     if !table.resource_version.is_empty() {
         metadata["resourceVersion"] = json!(table.resource_version);
     }
+    let allocations: Vec<Value> = match listed {
+        true => table.allocations.iter().map(|(n, s)| json!({"nodeName": n, "sliceRange": s})).collect(),
+        false => Vec::new(),
+    };
     json!({
         "apiVersion": "whereabouts.cni.cncf.io/v1alpha1",
         "kind": "NodeSlicePool",
         "metadata": metadata,
         "spec": {"range": table.range, "sliceSize": table.slice_size},
-        "status": {"allocations": table.allocations.iter().map(|(n, s)| json!({"nodeName": n, "sliceRange": s})).collect::<Vec<_>>()},
+        "status": {"allocations": allocations},
     })
 }
 

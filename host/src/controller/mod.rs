@@ -26,6 +26,7 @@ mod pods;
 pub mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
+mod slice_objects;
 mod slice_pass;
 pub mod store;
 pub mod tools;
@@ -62,6 +63,8 @@ pub struct Options {
     /// longer than any plugin call that read the old table can run (the
     /// plugin's ADD budget, 120 s, by default).
     pub cool_down: Duration,
+    /// Layouts of at most 4 096 slices keep slice objects too (`--slice-objects`).
+    pub slice_objects: bool,
     /// Time between full reconcile passes.
     pub reconcile_interval: Duration,
     /// How long a completed pod keeps its addresses.

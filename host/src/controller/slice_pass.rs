@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use futures_util::StreamExt;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions};
 use kube::discovery::ApiResource;
 use serde::Deserialize;
 use serde_json::Value;
@@ -17,8 +18,9 @@ use thereabouts_allocator::slices;
 
 use super::Options;
 use super::layout::{self, Desired, SliceUse};
+use super::slice_objects::{self, Op};
 use crate::component::EngineComponent;
-use crate::datastore::kubernetes::slices::SliceTable;
+use crate::datastore::kubernetes::slices::{SLICE_OF_LABEL, Shape, SliceObject, SliceTable, label_value};
 use crate::logging;
 
 /// A kind the controller reads without compiled-in types.
@@ -49,6 +51,9 @@ pub const NODE_SLICE_POOL_RESOURCE: Resource =
 /// while it is decoded (every pool of a large cluster at once was its whole
 /// datastore in memory).
 const POOLS_PAGE: u32 = 50;
+/// Slice object writes of one pass at the apiserver at a time: a large
+/// cluster's first pass creates one per node.
+const SLICE_OBJECT_WRITES: usize = 16;
 
 /// An IPPool reduced to its name and how many entries it holds.
 #[derive(Deserialize)]
@@ -98,6 +103,8 @@ pub struct SlicePass {
     api: super::api::Api,
     namespace: String,
     cool_down: Duration,
+    /// `--slice-objects`.
+    slice_objects: bool,
     engine: EngineComponent,
     /// What the last pass logged: a state that lasts is logged once.
     logged: BTreeSet<String>,
@@ -114,7 +121,15 @@ impl SlicePass {
     /// `engine`: the process's one engine instance (its code is registered
     /// with wasmtime once per process).
     pub fn new(api: super::api::Api, options: &Options, engine: EngineComponent) -> Self {
-        SlicePass { client: api.client.clone(), api, namespace: options.namespace.clone(), cool_down: options.cool_down, engine, logged: BTreeSet::new() }
+        SlicePass {
+            client: api.client.clone(),
+            api,
+            namespace: options.namespace.clone(),
+            cool_down: options.cool_down,
+            slice_objects: options.slice_objects,
+            engine,
+            logged: BTreeSet::new(),
+        }
     }
 
     pub async fn run(&mut self) -> Result<()> {
@@ -146,9 +161,21 @@ impl SlicePass {
             .context("listing IPPools")?;
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.namespace, &NODE_SLICE_POOL_RESOURCE.api_resource());
         let mut current = BTreeMap::new();
+        // Slice objects by the label of their layout, then by slice.
+        let mut objects: BTreeMap<String, BTreeMap<String, SliceObject>> = BTreeMap::new();
         for object in api.list(&ListParams::default()).await.context("listing NodeSlicePools")?.items {
             let name = object.metadata.name.clone().unwrap_or_default();
-            match SliceTable::from_object(&serde_json::to_value(&object)?) {
+            let value = serde_json::to_value(&object)?;
+            if let Some(layout) = object.metadata.labels.as_ref().and_then(|l| l.get(SLICE_OF_LABEL)) {
+                match SliceObject::from_object(&value) {
+                    Ok(o) => {
+                        objects.entry(layout.clone()).or_default().insert(o.slice.clone(), o);
+                    }
+                    Err(e) => logging::error(format!("controller: slice object NodeSlicePool {}/{name} is unreadable ({e}); left alone", self.namespace)),
+                }
+                continue;
+            }
+            match SliceTable::from_object(&value) {
                 Ok(table) => {
                     current.insert(name, table);
                 }
@@ -157,26 +184,92 @@ impl SlicePass {
         }
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         for w in &wanted {
-            let usage = Usage::of(w, current.get(&w.desired.name), &entries);
-            let next = layout::next(&w.desired, current.get(&w.desired.name), &nodes, &usage, now, self.cool_down.as_secs());
+            let objects = objects.remove(&label_value(&w.desired.name)).unwrap_or_default();
+            let read = current.get(&w.desired.name);
+            let table = slice_objects::merged(read, &objects, &w.desired);
+            let usage = Usage::of(w, table.as_ref(), &entries);
+            let mut next = layout::next(&w.desired, table.as_ref(), &nodes, &usage, now, self.cool_down.as_secs());
             for note in &next.notes {
                 log.push(format!("NodeSlicePool {}/{}: {note}", self.namespace, w.desired.name));
             }
-            if current.get(&w.desired.name) == Some(&next.table) {
-                continue;
-            }
-            let object: DynamicObject = serde_json::from_value(layout::object(&w.desired.name, &self.namespace, &next.table))?;
-            let written = match current.contains_key(&w.desired.name) {
-                true => api.replace(&w.desired.name, &PostParams::default(), &object).await,
-                false => api.create(&PostParams::default(), &object).await,
+            let fresh = table.as_ref().is_some_and(|t| !layout::same_layout(t, &w.desired)) && layout::same_layout(&next.table, &w.desired);
+            let target = slice_objects::target(&w.desired, self.slice_objects);
+            next.table.shape = slice_objects::next_shape(table.as_ref(), fresh, target, !objects.is_empty(), now, self.cool_down.as_secs());
+            let ops = match next.table.shape {
+                // Leftovers of an earlier move: no call reads them.
+                Shape::List => objects.values().map(|o| Op::Delete { object: o.clone() }).collect(),
+                _ => slice_objects::ops(&next.table, &objects),
             };
-            match written {
-                Ok(_) => {}
-                // A plugin claimed a slice, or another replica wrote: the next pass reads again.
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    logging::verbose(format!("controller: NodeSlicePool {} changed meanwhile; next pass", w.desired.name))
+            // A layout says "objects only" once every object it points to exists.
+            if next.table.shape == Shape::Objects
+                && let Some(before) = table.as_ref().map(|t| t.shape).filter(|s| *s != Shape::Objects)
+                && !ops.is_empty()
+            {
+                next.table.shape = before;
+            }
+            if next.table.shape != read.map_or(Shape::List, |t| t.shape) {
+                log.push(format!("NodeSlicePool {}/{}: slices kept as {:?}", self.namespace, w.desired.name, next.table.shape));
+            }
+            let rendered = layout::object(&w.desired.name, &self.namespace, &next.table);
+            if read.map(|t| layout::object(&w.desired.name, &self.namespace, t)) != Some(rendered.clone()) {
+                let object: DynamicObject = serde_json::from_value(rendered)?;
+                let written = match read.is_some() {
+                    true => api.replace(&w.desired.name, &PostParams::default(), &object).await,
+                    false => api.create(&PostParams::default(), &object).await,
+                };
+                match written {
+                    Ok(_) => {}
+                    // A plugin claimed a slice, or another replica wrote: the next pass reads again.
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        logging::verbose(format!("controller: NodeSlicePool {} changed meanwhile; next pass", w.desired.name));
+                        continue;
+                    }
+                    Err(e) => return Err(e).with_context(|| format!("writing NodeSlicePool {}/{}", self.namespace, w.desired.name)),
                 }
-                Err(e) => return Err(e).with_context(|| format!("writing NodeSlicePool {}/{}", self.namespace, w.desired.name)),
+            }
+            self.write_slice_objects(&api, w, &next.table, ops).await?;
+        }
+        Ok(())
+    }
+
+    /// The writes to `w`'s slice objects, [`SLICE_OBJECT_WRITES`] at a time,
+    /// each guarded (a create by the name, the others by the version read): one
+    /// that meets a change (a plugin's claim) waits for the next pass.
+    async fn write_slice_objects(&self, api: &Api<DynamicObject>, w: &Wanted, table: &SliceTable, ops: Vec<Op>) -> Result<()> {
+        let (layout, namespace, size) = (&w.desired.name, &self.namespace, &table.slice_size);
+        let results: Vec<std::result::Result<(), kube::Error>> = futures_util::stream::iter(ops)
+            .map(|op| async move {
+                match op {
+                    Op::Create { slice, node, cooling } => {
+                        let object: DynamicObject = serde_json::from_value(SliceObject::object(layout, namespace, size, &slice, &node, cooling.as_ref()))
+                            .map_err(kube::Error::SerdeError)?;
+                        api.create(&PostParams::default(), &object).await.map(drop)
+                    }
+                    Op::Replace { object: old, node, cooling } => {
+                        let mut value = SliceObject::object(layout, namespace, size, &old.slice, &node, cooling.as_ref());
+                        value["metadata"]["resourceVersion"] = serde_json::json!(old.resource_version);
+                        let object: DynamicObject = serde_json::from_value(value).map_err(kube::Error::SerdeError)?;
+                        api.replace(&old.name, &PostParams::default(), &object).await.map(drop)
+                    }
+                    Op::Delete { object } => {
+                        let guard = DeleteParams {
+                            preconditions: Some(Preconditions { resource_version: Some(object.resource_version), uid: None }),
+                            ..DeleteParams::default()
+                        };
+                        api.delete(&object.name, &guard).await.map(drop)
+                    }
+                }
+            })
+            .buffer_unordered(SLICE_OBJECT_WRITES)
+            .collect()
+            .await;
+        for result in results {
+            match result {
+                Ok(()) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                    logging::verbose(format!("controller: a slice object of NodeSlicePool {layout} changed meanwhile; next pass"))
+                }
+                Err(e) => return Err(e).with_context(|| format!("writing a slice object of NodeSlicePool {namespace}/{layout}")),
             }
         }
         Ok(())
@@ -309,6 +402,7 @@ mod tests {
             cooling: BTreeMap::new(),
             resource_version: "1".into(),
             uid: "u".into(),
+            shape: Default::default(),
         };
         let pools = BTreeMap::from([("a-192.0.2.0-26".to_string(), 5u128)]);
         let unbounded = Usage::of(&wanted(""), Some(&held), &pools);

@@ -323,19 +323,28 @@ pub trait Datastore {
 
     /// A slice of `slice_pool` for `node` beyond the `known` ones it holds: one
     /// it holds already (another call of the node claimed it meanwhile), else
-    /// the first free slice that `usable` accepts, given by compare-and-swap
-    /// (two claimants never get one slice); `None` when no slice is free.
+    /// a free slice that `candidates` accepts, given by compare-and-swap (two
+    /// claimants never get one slice); `None` when no slice is free.
     fn claim_slice(
         &self,
         slice_pool: &str,
         node: &str,
         known: &[String],
-        usable: &mut dyn FnMut(&str) -> bool,
+        candidates: &mut dyn SliceCandidates,
         deadline: Instant,
     ) -> Result<Option<String>, DatastoreError> {
-        let _ = (slice_pool, node, known, usable, deadline);
+        let _ = (slice_pool, node, known, candidates, deadline);
         Err(no_node_slices(self))
     }
+}
+
+/// What a claim may take: the range's slices, as the engine lays them out.
+pub trait SliceCandidates {
+    /// Whether the node can use `slice` (it holds an address of the range).
+    fn usable(&mut self, slice: &str) -> bool;
+    /// Every slice of the range, in address order: asked only where the
+    /// store keeps no list of them (a layout of slice objects).
+    fn layout(&mut self) -> Vec<String>;
 }
 
 /// `node_slice_size` in a store without node slices.

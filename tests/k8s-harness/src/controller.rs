@@ -82,6 +82,18 @@ pub async fn create_nad(cluster: &Cluster, name: &str, config: &Value) -> Result
 pub const NODE_SLICE_POOLS: &str = "nodeslicepools";
 
 /// node → the slices it holds, in the pool's order, of a `NodeSlicePool` object.
+/// node → slices held, from the slice objects of layout `layout` among the
+/// NodeSlicePools `pools` (name → object).
+pub fn object_holders(pools: &BTreeMap<String, Value>, layout: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pool in pools.values().filter(|p| p.pointer("/metadata/labels/thereabouts.io~1slice-of").and_then(Value::as_str) == Some(layout)) {
+        for (node, slices) in holders_of(pool) {
+            out.entry(node).or_default().extend(slices);
+        }
+    }
+    out
+}
+
 pub fn holders_of(pool: &Value) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for a in pool.pointer("/status/allocations").and_then(Value::as_array).into_iter().flatten() {
@@ -145,6 +157,8 @@ pub struct Settings {
     pub identity: String,
     /// Network configs of etcd datastores it reconciles too (`--etcd-config`).
     pub etcd_configs: Vec<PathBuf>,
+    /// `--slice-objects`.
+    pub slice_objects: bool,
 }
 
 impl Default for Settings {
@@ -158,6 +172,7 @@ impl Default for Settings {
             lease_seconds: 2,
             identity: "test".into(),
             etcd_configs: Vec::new(),
+            slice_objects: false,
         }
     }
 }
@@ -178,6 +193,9 @@ impl Controller {
         command.arg("controller");
         for config in &settings.etcd_configs {
             command.arg("--etcd-config").arg(config);
+        }
+        if settings.slice_objects {
+            command.arg("--slice-objects");
         }
         let child = command
             .args(["--namespace", NAMESPACE, "--lease-seconds"])

@@ -255,3 +255,111 @@ fn a_node_pool_at_node_slice_max_entries_makes_the_node_claim_another_slice_and_
     assert_eq!(holders(&objects, "green")["node-a"].len(), 3);
     assert_eq!(node_pool_entries(&objects, "node-a").iter().sum::<usize>(), 12);
 }
+
+/// node → slices held, from `layout`'s slice objects.
+fn object_holders(objects: &Objects, layout: &str) -> BTreeMap<String, Vec<String>> {
+    controller::object_holders(&objects.list(SLICE_POOLS).unwrap(), layout)
+}
+
+fn shape_of(objects: &Objects, layout: &str) -> Option<String> {
+    let pool = objects.get(SLICE_POOLS, layout).unwrap()?;
+    pool.pointer("/metadata/annotations/thereabouts.io~1slice-objects").and_then(Value::as_str).map(str::to_string)
+}
+
+#[test]
+fn a_range_of_more_than_4096_slices_keeps_each_held_slice_in_a_small_object_of_its_own() {
+    let cluster = Cluster::prepared().unwrap();
+    let objects = Objects::admin(&cluster).unwrap();
+    let tmp = TempDir::new("slices-objects");
+    let kubeconfig = block_on(controller::install(&cluster)).unwrap();
+    let nodes = ["node-a", "node-b", "node-c"];
+    for node in nodes {
+        block_on(controller::add_node(&cluster, node)).unwrap();
+    }
+    // 2001:db8::/64 in 16 384 /78 slices; a node pool takes 2 entries.
+    let mut conf = kubernetes_conf("slices", &cluster.plugin_kubeconfig(), Some("wide"), &[V6]);
+    conf["ipam"]["node_slice_size"] = json!("/78");
+    conf["ipam"]["node_slice_max_entries"] = json!(2);
+    block_on(controller::create_nad(&cluster, "wide", &conf)).unwrap();
+    let _controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
+    wait_until("every node holds a slice object", Duration::from_secs(60), Duration::from_millis(200), || {
+        let held = object_holders(&objects, "wide");
+        nodes.iter().all(|n| held.get(*n).is_some_and(|s| s.len() == 1))
+    });
+    let layout = objects.get(SLICE_POOLS, "wide").unwrap().unwrap();
+    assert_eq!((shape_of(&objects, "wide").as_deref(), &layout["status"]["allocations"]), (Some("true"), &json!([])));
+
+    // Five pods on node-a: its pools take two each, so it claims two more slices by creating their objects.
+    let mut seen = BTreeSet::new();
+    for i in 0..5 {
+        let outcome = on_node("ADD", &conf, "node-a", &format!("a{i}")).run(&thereabouts_bin());
+        outcome.expect_ok("ADD on a range of slice objects");
+        let held = object_holders(&objects, "wide");
+        let ip = ips_of(&outcome)[0];
+        assert!(held["node-a"].iter().any(|s| contains(s, ip)), "{ip} not in node-a's slices {:?}", held["node-a"]);
+        assert!(seen.insert(ip), "{ip} handed out twice");
+    }
+    assert_eq!(object_holders(&objects, "wide")["node-a"].len(), 3);
+    let mut entries = node_pool_entries(&objects, "node-a");
+    entries.sort();
+    assert_eq!(entries, [1, 2, 2], "no pool past the bound");
+    let largest = objects.list(SLICE_POOLS).unwrap().values().map(|o| o.to_string().len()).max().unwrap();
+    assert!(largest < 1024, "the largest NodeSlicePool is {largest} bytes");
+    for i in 0..5 {
+        on_node("DEL", &conf, "node-a", &format!("a{i}")).run(&thereabouts_bin()).expect_ok("DEL on a range of slice objects");
+    }
+    assert_eq!(entries_left(&objects), 0);
+}
+
+#[test]
+fn a_layout_moves_to_slice_objects_and_back_while_every_node_keeps_its_slices() {
+    let cluster = Cluster::prepared().unwrap();
+    let objects = Objects::admin(&cluster).unwrap();
+    let tmp = TempDir::new("slices-migrate");
+    let kubeconfig = block_on(controller::install(&cluster)).unwrap();
+    for node in ["node-a", "node-b"] {
+        block_on(controller::add_node(&cluster, node)).unwrap();
+    }
+    let mut conf = kubernetes_conf("slices", &cluster.plugin_kubeconfig(), Some("blue"), &[V4]);
+    conf["ipam"]["node_slice_size"] = json!("/28");
+    block_on(controller::create_nad(&cluster, "blue", &conf)).unwrap();
+    let run = |objects_too: bool, log: &str| {
+        let settings = controller::Settings { slice_objects: objects_too, ..controller::Settings::default() };
+        Controller::run(&thereabouts_bin(), &kubeconfig, &settings, &tmp.path().join(log)).unwrap()
+    };
+    let mut control = run(false, "controller-1.log");
+    wait_until("both nodes hold a slice", Duration::from_secs(30), Duration::from_millis(200), || {
+        every_node_holds_one(&objects, "blue", &["node-a", "node-b"])
+    });
+    let before = holders(&objects, "blue");
+    on_node("ADD", &conf, "node-a", "p1").run(&thereabouts_bin()).expect_ok("ADD on whereabouts' shape");
+
+    // To slice objects: through both shapes, one cool-down, each held slice an object; the list stays in step.
+    control.kill();
+    control = run(true, "controller-2.log");
+    wait_until("the layout keeps slice objects", Duration::from_secs(60), Duration::from_millis(200), || shape_of(&objects, "blue").as_deref() == Some("true"));
+    assert_eq!(object_holders(&objects, "blue"), before);
+    block_on(controller::add_node(&cluster, "node-c")).unwrap();
+    wait_until("node-c holds a slice object, listed too", Duration::from_secs(30), Duration::from_millis(200), || {
+        object_holders(&objects, "blue").contains_key("node-c") && holders(&objects, "blue") == object_holders(&objects, "blue")
+    });
+    on_node("ADD", &conf, "node-c", "p2").run(&thereabouts_bin()).expect_ok("ADD on slice objects");
+    on_node("ADD", &conf, "node-a", "p3").run(&thereabouts_bin()).expect_ok("ADD on slice objects");
+    let during = object_holders(&objects, "blue");
+
+    // Back: the list alone, the objects gone, nobody's slice moved.
+    control.kill();
+    let _control = run(false, "controller-3.log");
+    wait_until("the layout is whereabouts' list alone", Duration::from_secs(60), Duration::from_millis(200), || {
+        shape_of(&objects, "blue").is_none() && object_holders(&objects, "blue").is_empty()
+    });
+    assert_eq!(holders(&objects, "blue"), during);
+    for (node, pod) in [("node-b", "p4"), ("node-a", "p5")] {
+        on_node("ADD", &conf, node, pod).run(&thereabouts_bin()).expect_ok("ADD on whereabouts' shape again");
+    }
+    for (node, pod) in [("node-a", "p1"), ("node-c", "p2"), ("node-a", "p3"), ("node-b", "p4"), ("node-a", "p5")] {
+        on_node("DEL", &conf, node, pod).run(&thereabouts_bin()).expect_ok("DEL");
+    }
+    assert_eq!(entries_left(&objects), 0);
+    assert_eq!(node_pool_entries(&objects, "node-a").len(), 1, "node-a's pods all came from its one slice");
+}

@@ -224,8 +224,9 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     forbidden("list pods (all)", Api::<Pod>::all(plugin.clone()).list(&lp).await);
     forbidden("list pods in kube-system", Api::<Pod>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
     forbidden("list configmaps in kube-system", Api::<ConfigMap>::namespaced(plugin.clone(), NAMESPACE).list(&lp).await);
-    // NodeSlicePools: get (a node's slices) and patch (a claim), nothing more:
-    // the controller lays them out.
+    // NodeSlicePools: get (a node's slices), patch (a claim in the list), list,
+    // create and delete (a claim as a slice object, taken back when the list
+    // refuses it), not update: the controller lays them out.
     let slice_pools = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, "v1alpha1", "NodeSlicePool"), "nodeslicepools");
     let layout: DynamicObject = serde_json::from_value(json!({
         "apiVersion": format!("{GROUP}/v1alpha1"), "kind": "NodeSlicePool", "metadata": {"name": "rbac-slices"},
@@ -237,10 +238,13 @@ async fn rbac_yaml_grants_exactly_what_the_plugin_needs() {
     allowed("get a NodeSlicePool", slices.get("rbac-slices").await);
     let claim = json!([{"op": "test", "path": "/status/allocations/0/nodeName", "value": ""}, {"op": "replace", "path": "/status/allocations/0/nodeName", "value": "n1"}]);
     allowed("claim a slice", slices.patch("rbac-slices", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(claim).unwrap())).await);
-    forbidden("list NodeSlicePools", slices.list(&lp).await);
-    forbidden("create a NodeSlicePool", slices.create(&PostParams::default(), &layout).await);
+    allowed("list slice objects", slices.list(&lp).await);
     forbidden("PUT a NodeSlicePool", slices.replace("rbac-slices", &PostParams::default(), &layout).await);
-    forbidden("delete a NodeSlicePool", slices.delete("rbac-slices", &DeleteParams::default()).await);
+    forbidden("watch NodeSlicePools", slices.watch(&WatchParams::default().timeout(1), "0").await.map(|_| ()));
+    forbidden(
+        "create a NodeSlicePool elsewhere",
+        Api::<DynamicObject>::namespaced_with(plugin.clone(), "default", &slice_pools).create(&PostParams::default(), &layout).await,
+    );
     // Leases: the turn tickets in kube-system (create, list, watch, patch to
     // renew, delete), nothing more, and nothing elsewhere.
     let leases = Api::<Lease>::namespaced(plugin.clone(), NAMESPACE);
@@ -565,6 +569,7 @@ async fn controller_yaml_grants_exactly_what_the_controller_needs() {
         ("list", GROUP, "overlappingrangeipreservations", ns),
         ("delete", GROUP, "overlappingrangeipreservations", ns),
         ("update", GROUP, "nodeslicepools", ns),
+        ("delete", GROUP, "nodeslicepools", ns),
         ("get", "coordination.k8s.io", "leases", ns),
         ("patch", "coordination.k8s.io", "leases", ns),
         ("list", "k8s.cni.cncf.io", "network-attachment-definitions", None),

@@ -24,6 +24,7 @@ pub mod kubeconfig;
 pub mod mock_api;
 mod node_turn;
 pub mod patch;
+mod slice_claim;
 pub mod slices;
 #[cfg(test)]
 mod tests;
@@ -355,41 +356,24 @@ impl Datastore for KubernetesStore {
         Ok(Box::new(transaction::begin(self, pools, purpose, deadline)?))
     }
 
-    /// One GET of the `NodeSlicePool`, from the watch cache unless `fresh`.
+    /// One GET of the `NodeSlicePool`, from the watch cache unless `fresh`,
+    /// and a LIST of the node's slice objects when the layout has them.
     fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
-        Ok(self.slice_table(slice_pool, node, fresh, deadline)?.held_by(node))
+        self.held_slices(slice_pool, node, fresh, deadline)
     }
 
-    /// A fresh GET, then (unless the node holds a slice the caller does not
-    /// know) a JSON patch that tests the free slot it takes; a slot taken
-    /// meanwhile (422) reads again.
+    /// A fresh read, then (unless the node holds a slice the caller does not
+    /// know) a claim that tests the slot it takes, or creates the slice's
+    /// object; a slot taken meanwhile reads again (`slice_claim.rs`).
     fn claim_slice(
         &self,
         slice_pool: &str,
         node: &str,
         known: &[String],
-        usable: &mut dyn FnMut(&str) -> bool,
+        candidates: &mut dyn super::SliceCandidates,
         deadline: Instant,
     ) -> Result<Option<String>, DatastoreError> {
-        let action = format!("claiming a slice of NodeSlicePool {}/{slice_pool} for node {node}", self.namespace);
-        let _turn = node_turn::NodeTurn::claim_turn(&self.lock_scope(), slice_pool, deadline);
-        loop {
-            let table = self.slice_table(slice_pool, node, true, deadline)?;
-            // Calls of one node that ran full together claim one slice, not one each.
-            if let Some(fresh) = table.held_by(node).into_iter().find(|s| !known.contains(s)) {
-                return Ok(Some(fresh));
-            }
-            let Some((index, slice)) = table.first_free(&mut *usable) else { return Ok(None) };
-            let patch = slices::claim_patch(index, &slice, node);
-            match self.call(Method::PATCH, &crd::object_path(&self.namespace, NODE_SLICE_POOLS, slice_pool), Some((JSON_PATCH, &patch)), &action, deadline)? {
-                Reply::Object(_) => {
-                    logging::verbose(format!("node {node} claimed slice {slice} of NodeSlicePool {slice_pool}"));
-                    return Ok(Some(slice));
-                }
-                Reply::Status(s) if s.code == 422 || s.code == 409 => continue,
-                Reply::Status(s) => return Err(self.status_error(&s, &action)),
-            }
-        }
+        self.claim_in_layout(slice_pool, node, known, candidates, deadline)
     }
 }
 

@@ -10,14 +10,155 @@
 //! recently ([`COOLING_ANNOTATION`]). A slice a node gave back may still be
 //! written by a call of that node that read the pool before; it is claimable
 //! again only once every such call has ended (see `controller/slices.rs`).
+//!
+//! **Slice objects.** One object cannot hold more than [`ONE_OBJECT_SLICES`]
+//! slices (5 000 nodes need more), and every claim in it rewrites it whole.
+//! So a layout may instead keep one `NodeSlicePool` per held (or cooling)
+//! slice, [`SliceObject`], in whereabouts' shape with that one slice, labelled
+//! with its layout and its node: a claim creates one (409: taken), about 600
+//! bytes. The layout object then says so in [`SLICE_OBJECTS_ANNOTATION`]
+//! ([`Shape`]), and keeps its own list in step while it fits.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 /// Annotation: `{"<slice>": {"node": "<node>", "since": <unix seconds>}, ...}`,
 /// the slices handed back and not claimable yet, with the node that held each.
 pub const COOLING_ANNOTATION: &str = "thereabouts.io/cooling-slices";
+
+/// Annotation of a layout object: where its slices are held ([`Shape`]).
+pub const SLICE_OBJECTS_ANNOTATION: &str = "thereabouts.io/slice-objects";
+/// Label of a slice object: its layout's name ([`label_value`]).
+pub const SLICE_OF_LABEL: &str = "thereabouts.io/slice-of";
+/// Label of a slice object: its node's name ([`label_value`]); none while it cools.
+pub const SLICE_NODE_LABEL: &str = "thereabouts.io/slice-node";
+/// The most slices whereabouts' shape keeps in one object; past it a layout
+/// has slice objects only.
+pub const ONE_OBJECT_SLICES: usize = thereabouts_allocator::slices::ONE_OBJECT_SLICES as usize;
+
+/// Where a layout's slices are held, from [`SLICE_OBJECTS_ANNOTATION`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Shape {
+    /// No annotation: whereabouts' `status.allocations` says it all.
+    #[default]
+    List,
+    /// `"both:<unix seconds>"`: on the way from one shape to the other since
+    /// then. A claim writes both (the object first, then the list) and holds
+    /// only if both took, so it conflicts with calls that read either shape.
+    /// The controller moves on once no call that read the shape before can
+    /// still run (its cool-down, longer than an ADD).
+    Both { since: u64 },
+    /// `"true"`: the slice objects say it all; the list, if any, is a copy
+    /// the controller keeps for whereabouts' plugins.
+    Objects,
+}
+
+impl Shape {
+    pub fn of_annotation(value: Option<&str>) -> Shape {
+        match value {
+            None => Shape::List,
+            Some(v) => match v.strip_prefix("both:") {
+                Some(since) => Shape::Both { since: since.parse().unwrap_or(0) },
+                // "true", or a value from a later version: never the list
+                // alone, which may not hold every slice.
+                None => Shape::Objects,
+            },
+        }
+    }
+
+    pub fn annotation(self) -> Option<String> {
+        match self {
+            Shape::List => None,
+            Shape::Both { since } => Some(format!("both:{since}")),
+            Shape::Objects => Some("true".into()),
+        }
+    }
+
+    /// Whether calls read and claim slice objects.
+    pub fn has_objects(self) -> bool {
+        self != Shape::List
+    }
+}
+
+/// A label value for an object name: the name when it fits (63 characters),
+/// else `h` and 40 hex digits of its SHA-256.
+pub fn label_value(name: &str) -> String {
+    if name.len() <= 63 {
+        return name.to_string();
+    }
+    let digest = Sha256::digest(name.as_bytes());
+    format!("h{}", digest.iter().take(20).map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// The name of `layout`'s object for `slice`: `<layout>-slice-<slice as in a pool name>`.
+pub fn slice_object_name(layout: &str, slice: &str) -> String {
+    thereabouts_allocator::naming::pool_name_for_network(slice, &format!("{layout}-slice"))
+}
+
+/// The `labelSelector` (URL-encoded) of `layout`'s slice objects, or of those `node` holds.
+pub fn slice_selector(layout: &str, node: Option<&str>) -> String {
+    let mut selector = format!("{SLICE_OF_LABEL}={}", label_value(layout));
+    if let Some(node) = node {
+        selector.push_str(&format!(",{SLICE_NODE_LABEL}={}", label_value(node)));
+    }
+    super::crd::escape(&selector)
+}
+
+/// One slice held (or cooling) as an object of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceObject {
+    pub name: String,
+    pub slice: String,
+    /// Empty while it cools.
+    pub node: String,
+    pub cooling: Option<Cooling>,
+    pub resource_version: String,
+}
+
+impl SliceObject {
+    /// Reads a slice object; `Err` names what is wrong.
+    pub fn from_object(object: &Value) -> Result<Self, String> {
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_string();
+        let Some(Value::Array(items)) = object.pointer("/status/allocations") else { return Err("status.allocations is not a list".into()) };
+        let [only] = items.as_slice() else { return Err(format!("status.allocations holds {} slices, not one", items.len())) };
+        let slice = text(only.get("sliceRange"));
+        let cooling: BTreeMap<String, Cooling> = object
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(COOLING_ANNOTATION))
+            .and_then(Value::as_str)
+            .and_then(|t| serde_json::from_str(t).ok())
+            .unwrap_or_default();
+        Ok(SliceObject {
+            name: text(object.pointer("/metadata/name")),
+            cooling: cooling.get(&slice).cloned(),
+            slice,
+            node: text(only.get("nodeName")),
+            resource_version: text(object.pointer("/metadata/resourceVersion")),
+        })
+    }
+
+    /// The object for `slice` of `layout` (slices of `/size`), held by `node`
+    /// (empty: cooling, with `cooling`).
+    pub fn object(layout: &str, namespace: &str, size: &str, slice: &str, node: &str, cooling: Option<&Cooling>) -> Value {
+        let mut labels = json!({SLICE_OF_LABEL: label_value(layout), "app.kubernetes.io/managed-by": "thereabouts"});
+        if !node.is_empty() {
+            labels[SLICE_NODE_LABEL] = json!(label_value(node));
+        }
+        let mut metadata = json!({"name": slice_object_name(layout, slice), "namespace": namespace, "labels": labels});
+        if let Some(c) = cooling {
+            metadata["annotations"] = json!({COOLING_ANNOTATION: json!({slice: c}).to_string()});
+        }
+        json!({
+            "apiVersion": "whereabouts.cni.cncf.io/v1alpha1",
+            "kind": "NodeSlicePool",
+            "metadata": metadata,
+            "spec": {"range": slice, "sliceSize": size},
+            "status": {"allocations": [{"nodeName": node, "sliceRange": slice}]},
+        })
+    }
+}
 
 /// A slice handed back: who held it, since when (Unix seconds).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -37,6 +178,8 @@ pub struct SliceTable {
     pub cooling: BTreeMap<String, Cooling>,
     pub resource_version: String,
     pub uid: String,
+    /// Where its slices are held.
+    pub shape: Shape,
 }
 
 impl SliceTable {
@@ -62,6 +205,7 @@ impl SliceTable {
             cooling,
             resource_version: text(object.pointer("/metadata/resourceVersion")),
             uid: text(object.pointer("/metadata/uid")),
+            shape: Shape::of_annotation(object.pointer("/metadata/annotations").and_then(|a| a.get(SLICE_OBJECTS_ANNOTATION)).and_then(Value::as_str)),
         })
     }
 

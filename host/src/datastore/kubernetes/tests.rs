@@ -671,6 +671,81 @@ fn slice_pool(allocations: Value) -> Answer {
     Answer::Ok(json!({"metadata": {"resourceVersion": "9"}, "spec": {"range": "192.0.2.0/24", "sliceSize": "/26"}, "status": {"allocations": allocations}}))
 }
 
+/// Claims may take any of these slices (in address order).
+struct AnySlice(Vec<&'static str>);
+impl crate::datastore::SliceCandidates for AnySlice {
+    fn usable(&mut self, _: &str) -> bool {
+        true
+    }
+    fn layout(&mut self) -> Vec<String> {
+        self.0.iter().map(|s| s.to_string()).collect()
+    }
+}
+
+/// A layout object whose slices are objects of their own (`shape`: the annotation).
+fn layout_of_objects(shape: &str, allocations: Value) -> Answer {
+    Answer::Ok(json!({
+        "metadata": {"resourceVersion": "9", "annotations": {slices::SLICE_OBJECTS_ANNOTATION: shape}},
+        "spec": {"range": "192.0.2.0/24", "sliceSize": "/26"},
+        "status": {"allocations": allocations}
+    }))
+}
+
+fn slice_objects(held: &[(&str, &str)]) -> Answer {
+    let items: Vec<Value> = held.iter().map(|(node, slice)| slices::SliceObject::object("net1", "ns", "/26", slice, node, None)).collect();
+    Answer::Ok(json!({"metadata": {"resourceVersion": "10"}, "items": items}))
+}
+
+#[test]
+fn with_slice_objects_a_node_lists_its_own_by_label_from_the_cache() {
+    let (s, log, _) = store("ns", vec![layout_of_objects("true", json!([])), slice_objects(&[("a", "192.0.2.128/26")])]);
+    assert_eq!(s.node_slices("net1", "a", false, deadline()).unwrap(), ["192.0.2.128/26"]);
+    assert_eq!(
+        log.lines()[1],
+        format!("GET {API}/nodeslicepools?labelSelector=thereabouts.io%2Fslice-of%3Dnet1%2Cthereabouts.io%2Fslice-node%3Da&resourceVersion=0")
+    );
+}
+
+#[test]
+fn with_slice_objects_a_claim_creates_one_small_object_and_a_taken_slice_answers_409() {
+    let taken = Answer::Status(409, "AlreadyExists", Value::Null);
+    let (s, log, _) = store("ns", vec![layout_of_objects("true", json!([])), slice_objects(&[]), taken, created("u1")]);
+    let layout = vec!["192.0.2.0/26", "192.0.2.64/26", "192.0.2.128/26", "192.0.2.192/26"];
+    let claimed = s.claim_slice("net1", "a", &[], &mut AnySlice(layout.clone()), deadline()).unwrap().unwrap();
+    assert_eq!(log.lines()[2..], [format!("POST {API}/nodeslicepools"), format!("POST {API}/nodeslicepools")]);
+    // The first slice tried was taken; the next in the layout is the node's.
+    let first = log.body(2)["spec"]["range"].as_str().unwrap().to_string();
+    let next = layout[(layout.iter().position(|s| *s == first).unwrap() + 1) % layout.len()];
+    assert_eq!(claimed, next);
+    assert_eq!(log.body(3)["metadata"]["name"], slices::slice_object_name("net1", next));
+    assert_eq!(log.body(3)["status"]["allocations"], json!([{"nodeName": "a", "sliceRange": next}]));
+}
+
+#[test]
+fn between_shapes_a_claim_the_list_refuses_takes_its_object_back_and_tries_the_next_slice() {
+    let free = json!([{"nodeName": "x", "sliceRange": "192.0.2.0/26"}, {"nodeName": "", "sliceRange": "192.0.2.64/26"}, {"nodeName": "", "sliceRange": "192.0.2.128/26"}]);
+    let taken = json!([{"nodeName": "x", "sliceRange": "192.0.2.0/26"}, {"nodeName": "y", "sliceRange": "192.0.2.64/26"}, {"nodeName": "", "sliceRange": "192.0.2.128/26"}]);
+    let refused = Answer::Status(422, "Invalid", Value::Null);
+    let answers = vec![
+        layout_of_objects("both:5", free.clone()),
+        slice_objects(&[]),
+        created("u1"),
+        refused,
+        ok(),
+        layout_of_objects("both:5", taken.clone()),
+        slice_objects(&[]),
+        created("u2"),
+        ok(),
+    ];
+    let (s, log, _) = store("ns", answers);
+    assert_eq!(s.claim_slice("net1", "a", &[], &mut AnySlice(vec![]), deadline()).unwrap().as_deref(), Some("192.0.2.128/26"));
+    let (pools, layout) = (format!("{API}/nodeslicepools"), format!("{API}/nodeslicepools/net1"));
+    let object = format!("{API}/nodeslicepools/{}", slices::slice_object_name("net1", "192.0.2.64/26"));
+    assert_eq!(log.lines()[2..5], [format!("POST {pools}"), format!("PATCH {layout}"), format!("DELETE {object}")]);
+    assert_eq!(log.body(4)["preconditions"], json!({"uid": "u1"}));
+    assert_eq!(log.lines()[7..], [format!("POST {pools}"), format!("PATCH {layout}")]);
+}
+
 #[test]
 fn a_node_reads_its_slices_from_the_cache_and_once_from_etcd_when_it_holds_none() {
     let held = json!([{"nodeName": "a", "sliceRange": "192.0.2.0/26"}, {"nodeName": "a", "sliceRange": "192.0.2.64/26"}]);
@@ -686,7 +761,7 @@ fn a_claim_that_loses_its_slot_reads_again_and_takes_the_next_free_slice() {
     let taken = json!([{"nodeName": "x", "sliceRange": "192.0.2.0/26"}, {"nodeName": "y", "sliceRange": "192.0.2.64/26"}, {"nodeName": "", "sliceRange": "192.0.2.128/26"}]);
     let refused = Answer::Status(422, "Invalid", Value::Null);
     let (s, log, _) = store("ns", vec![slice_pool(free), refused, slice_pool(taken), ok()]);
-    assert_eq!(s.claim_slice("net1", "a", &[], &mut |_| true, deadline()).unwrap().as_deref(), Some("192.0.2.128/26"));
+    assert_eq!(s.claim_slice("net1", "a", &[], &mut AnySlice(vec![]), deadline()).unwrap().as_deref(), Some("192.0.2.128/26"));
     let path = format!("{API}/nodeslicepools/net1");
     assert_eq!(log.lines(), [format!("GET {path}"), format!("PATCH {path}"), format!("GET {path}"), format!("PATCH {path}")]);
     assert_eq!(log.body(3)[1], json!({"op": "test", "path": "/status/allocations/2/nodeName", "value": ""}));
@@ -697,7 +772,7 @@ fn a_claim_takes_a_slice_a_sibling_call_of_the_node_claimed_meanwhile() {
     let held = json!([{"nodeName": "a", "sliceRange": "192.0.2.0/26"}, {"nodeName": "a", "sliceRange": "192.0.2.64/26"}, {"nodeName": "", "sliceRange": "192.0.2.128/26"}]);
     let (s, log, _) = store("ns", vec![slice_pool(held)]);
     let known = ["192.0.2.0/26".to_string()];
-    assert_eq!(s.claim_slice("net1", "a", &known, &mut |_| true, deadline()).unwrap().as_deref(), Some("192.0.2.64/26"));
+    assert_eq!(s.claim_slice("net1", "a", &known, &mut AnySlice(vec![]), deadline()).unwrap().as_deref(), Some("192.0.2.64/26"));
     assert_eq!(log.lines().len(), 1, "no patch");
 }
 
