@@ -590,10 +590,11 @@ fn del_queueing<'s>(s: &'s KubernetesStore, p: &PoolId) -> Box<dyn Transaction +
 #[test]
 fn a_del_in_its_turn_removes_the_entries_of_its_groups_dels_queued_behind_it_then_dismisses_them() {
     let p = pool("192.0.2.0/24");
-    let held = json!({"1": entry("c1", "a"), "2": entry("c2", "b"), "3": entry("c3", "c")});
+    let held = json!({"1": entry("c1", "a"), "2": entry("c2", "b"), "3": entry("c3", "c"), "5": entry("c5", "e")});
     let queue = || {
         tickets(vec![
             del_ticket("t2", "21", &p.name, "g", "c2"),
+            del_ticket("t5", "24", &p.name, "g", "c5"),
             // Another network's DEL, and a DEL of this group on other pools: not served.
             del_ticket("t3", "22", &p.name, "h", "c3"),
             del_ticket("t4", "23", "192.0.2.0-24,other", "g", "c3"),
@@ -607,19 +608,42 @@ fn a_del_in_its_turn_removes_the_entries_of_its_groups_dels_queued_behind_it_the
         ok(),
         ok(),
         ok(),
+        ok(),
     ];
     let (s, log, _) = store("ns", answers);
     let mut tx = del_queueing(&s, &p);
     assert_eq!(log.body(1)["metadata"]["annotations"][turn::RELEASE_CONTAINER_ANNOTATION], "c1");
     assert!(tx.serialized());
     let queued = tx.queued_releases();
-    assert_eq!(queued, [thereabouts_allocator::model::Attachment { container_id: "c2".into(), ifname: "eth0".into() }]);
+    let attachment = |c: &str| thereabouts_allocator::model::Attachment { container_id: c.into(), ifname: "eth0".into() };
+    assert_eq!(queued, [attachment("c2"), attachment("c5")]);
     tx.load().unwrap();
-    assert_eq!(tx.commit(&[remove(&p, "11", &[1, 2])]).unwrap(), Outcome::Committed);
-    // The queue as the wait listed it; one write for both; then the served
-    // DEL's ticket goes, then its own.
+    assert_eq!(tx.commit(&[remove(&p, "11", &[1, 2, 5])]).unwrap(), Outcome::Committed);
+    // The queue as the wait listed it; one write for all three; then the
+    // served DELs' tickets go, newest first, then its own.
     assert_eq!(log.lines().iter().filter(|l| l.contains("labelSelector=thereabouts.io")).count(), 1);
-    assert_eq!(log.lines()[4..], [format!("PATCH {API}/ippools/192.0.2.0-24"), format!("DELETE {LEASES}/t2"), format!("DELETE {LEASES}/t1")]);
+    let deleted = [format!("DELETE {LEASES}/t5"), format!("DELETE {LEASES}/t2"), format!("DELETE {LEASES}/t1")];
+    assert_eq!(log.lines()[4..], [vec![format!("PATCH {API}/ippools/192.0.2.0-24")], deleted.to_vec()].concat());
+}
+
+#[test]
+fn a_del_in_its_turn_does_not_dismiss_a_queued_del_whose_entries_are_gone_already() {
+    let p = pool("192.0.2.0/24");
+    let answers = vec![
+        listed(&p, "10", "12", json!({"1": entry("c1", "a"), "2": entry("c2", "b")})),
+        Answer::Ok(del_ticket("t1", "20", &p.name, "g", "c1")),
+        tickets(vec![del_ticket("t2", "21", &p.name, "g", "c2")]),
+        // c2 was served by the write before this turn; its ticket is still queued.
+        listed(&p, "11", "13", json!({"1": entry("c1", "a")})),
+        ok(),
+        ok(),
+    ];
+    let (s, log, _) = store("ns", answers);
+    let mut tx = del_queueing(&s, &p);
+    assert_eq!(tx.queued_releases().len(), 1);
+    tx.load().unwrap();
+    assert_eq!(tx.commit(&[remove(&p, "11", &[1])]).unwrap(), Outcome::Committed);
+    assert_eq!(log.lines()[4..], [format!("PATCH {API}/ippools/192.0.2.0-24"), format!("DELETE {LEASES}/t1")]);
 }
 
 #[test]

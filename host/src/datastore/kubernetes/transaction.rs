@@ -45,8 +45,9 @@ pub(super) struct KubeTransaction<'s> {
     turn: TurnState,
     /// A DEL's offer for group commit ([`Transaction::release_together`]).
     offer: Option<turn::ReleaseOffer>,
-    /// The tickets of the DELs the next commit serves ([`Transaction::queued_releases`]).
-    serving: Vec<String>,
+    /// The tickets of the DELs the next commit may serve, with their
+    /// attachments ([`Transaction::queued_releases`]).
+    serving: Vec<(String, Attachment)>,
 }
 
 /// See [`KubeTransaction::turn`].
@@ -234,8 +235,9 @@ impl Transaction for KubeTransaction<'_> {
         queued
             .into_iter()
             .map(|(ticket, container_id, ifname)| {
-                self.serving.push(ticket);
-                Attachment { container_id, ifname }
+                let attachment = Attachment { container_id, ifname };
+                self.serving.push((ticket, attachment.clone()));
+                attachment
             })
             .collect()
     }
@@ -278,9 +280,14 @@ impl KubeTransaction<'_> {
     /// the reservations of removed entries.
     fn attempt(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
         let deadline = self.deadline;
-        // Served only by this attempt's write, if it lands.
-        let serving = std::mem::take(&mut self.serving);
         let updates: Vec<&PoolUpdate> = updates.iter().filter(|u| !u.changes.is_empty()).collect();
+        // Served only by this attempt's write, if it lands, and only those
+        // whose entries it removes: the others were served before (a call that
+        // woke after its holder's write, before the holder got to delete its
+        // ticket, finds itself queued with nobody ahead). Dismissing them
+        // again from every such call sent 18 000 ticket deletes for 200 DELs.
+        let serving: Vec<String> =
+            std::mem::take(&mut self.serving).into_iter().filter(|(_, a)| self.removes_entry_of(&updates, a)).map(|(ticket, _)| ticket).collect();
         let cleanup_deadline = || deadline.max(Instant::now() + CLEANUP_GRACE);
         let reserves: Vec<(&PoolUpdate, &String, &Allocation)> = updates
             .iter()
@@ -430,6 +437,16 @@ impl KubeTransaction<'_> {
         // addresses; a reservation left behind only blocks its address.
         self.unreserve_all(&updates, cleanup_deadline());
         Ok(Outcome::Committed)
+    }
+
+    /// Whether `updates` remove an entry of `attachment` from a pool as read.
+    fn removes_entry_of(&self, updates: &[&PoolUpdate], attachment: &Attachment) -> bool {
+        updates.iter().any(|u| {
+            let Some(read) = self.read.get(&u.pool.name) else { return false };
+            u.changes.iter().any(|c| {
+                matches!(c, Change::Remove { offset } if read.entries.iter().any(|e| e.offset == *offset && e.container_id == attachment.container_id && e.ifname == attachment.ifname))
+            })
+        })
     }
 
     /// Ends the turn this call holds, if any: later attempts go without one.

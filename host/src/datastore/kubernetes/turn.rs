@@ -290,9 +290,14 @@ pub(super) fn queued(store: &KubernetesStore, turn: &mut Turn, pools: &[PoolId],
 /// the call's deadline, the holder kept its turn for a minute, the queue
 /// behind it took it for dead, and 80 000 deletes were turned away. Best
 /// effort: a DEL whose ticket stays takes its turn and finds nothing to do.
+///
+/// Newest first: a DEL served wakes when the ticket ahead of it goes, and then
+/// looks for its own; deleted oldest first, that one was nearly always still
+/// there, and the DEL took itself for the next holder.
 pub(super) fn dismiss(store: &KubernetesStore, names: &[String]) {
     let requests: Vec<super::Request> = names
         .iter()
+        .rev()
         .map(|name| super::Request {
             method: Method::DELETE,
             path: ticket_path(&store.namespace, name),
