@@ -117,16 +117,25 @@ pub fn next(desired: &Desired, current: Option<&SliceTable>, nodes: &BTreeSet<St
         }
     }
     hand_back_extras(&mut table, usage, now, &mut notes);
-    for node in nodes {
-        if table.allocations.iter().any(|(n, _)| n == node) {
-            continue;
-        }
-        match table.first_free(|s| usage.usable(s)) {
-            Some((i, slice)) => {
+    // One walk over the table for every node without a slice (5 000 nodes on
+    // 65 536 slices: a search from the start per node was 300 million steps).
+    let holding: BTreeSet<String> = table.allocations.iter().filter(|(n, _)| !n.is_empty()).map(|(n, _)| n.clone()).collect();
+    let mut next_free = 0;
+    for node in nodes.iter().filter(|n| !holding.contains(*n)) {
+        let found = (next_free..table.allocations.len()).find(|&i| {
+            let (holder, slice) = &table.allocations[i];
+            holder.is_empty() && !table.cooling.contains_key(slice) && usage.usable(slice)
+        });
+        match found {
+            Some(i) => {
                 table.allocations[i].0 = node.clone();
-                notes.push(format!("slice {slice} assigned to node {node}"));
+                next_free = i + 1;
+                notes.push(format!("slice {} assigned to node {node}", table.allocations[i].1));
             }
-            None => notes.push(format!("no free slice for node {node}")),
+            None => {
+                next_free = table.allocations.len();
+                notes.push(format!("no free slice for node {node}"));
+            }
         }
     }
     Next { table, notes }

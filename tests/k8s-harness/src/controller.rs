@@ -111,7 +111,13 @@ pub fn wait_for_layout(objects: &Objects, pools: usize, nodes: usize, limit: Dur
     let end = Instant::now() + limit;
     loop {
         let listed = objects.list(NODE_SLICE_POOLS)?;
-        if listed.len() >= pools.max(1) && listed.values().all(|p| holders_of(p).len() == nodes) {
+        // A layout object, and who holds its slices: its list, or its slice objects.
+        let layouts: Vec<(&String, &Value)> = listed.iter().filter(|(_, p)| p.pointer("/metadata/labels/thereabouts.io~1slice-of").is_none()).collect();
+        let held = |name: &str, p: &Value| match p.pointer("/metadata/annotations/thereabouts.io~1slice-objects") {
+            Some(_) => object_holders(&listed, name).len(),
+            None => holders_of(p).len(),
+        };
+        if layouts.len() >= pools.max(1) && layouts.iter().all(|(name, p)| held(name, p) == nodes) {
             return Ok(());
         }
         if Instant::now() > end {

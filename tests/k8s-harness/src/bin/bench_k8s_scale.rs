@@ -8,6 +8,8 @@
 //! already allocated. `--max-entries 0,32` runs each fill once per bound on a
 //! node pool's entries (`node_slice_max_entries`; 0: none), so the cost per ADD
 //! against the node's own pods can be read off with and without it.
+//! `--slice-sizes /28,/80` slices the ranges finer: past 4 096 slices a range
+//! keeps each held slice in a NodeSlicePool of its own (5 000 nodes and more).
 //!
 //! ```sh
 //! bash scripts/build-plugin.sh
@@ -43,6 +45,8 @@ struct Options {
     fills: Vec<Fill>,
     /// `node_slice_max_entries` of each run (0: none).
     bounds: Vec<u32>,
+    /// `node_slice_size` of the IPv4 and the IPv6 range.
+    slice_sizes: [String; 2],
 }
 
 /// Which node pod i runs on.
@@ -65,7 +69,15 @@ impl Fill {
 }
 
 fn parse_options() -> Result<Options> {
-    let mut o = Options { pods: 20_000, nodes: 100, batch: 500, svg: None, fills: vec![Fill::Spread, Fill::NodeByNode], bounds: vec![0] };
+    let mut o = Options {
+        pods: 20_000,
+        nodes: 100,
+        batch: 500,
+        svg: None,
+        fills: vec![Fill::Spread, Fill::NodeByNode],
+        bounds: vec![0],
+        slice_sizes: ["/24".into(), "/72".into()],
+    };
     let mut args = std::env::args().skip(1);
     while let Some(name) = args.next() {
         let value = args.next().with_context(|| format!("{name} needs a value"))?;
@@ -74,6 +86,10 @@ fn parse_options() -> Result<Options> {
             "--nodes" => o.nodes = value.parse()?,
             "--batch" => o.batch = value.parse()?,
             "--svg" => o.svg = Some(PathBuf::from(value)),
+            "--slice-sizes" => match value.split_once(',') {
+                Some((v4, v6)) => o.slice_sizes = [v4.to_string(), v6.to_string()],
+                None => bail!("--slice-sizes /V4,/V6"),
+            },
             "--max-entries" => o.bounds = value.split(',').map(|b| b.parse().with_context(|| format!("--max-entries {b}: a number"))).collect::<Result<_>>()?,
             "--fill" => {
                 o.fills = value
@@ -85,10 +101,10 @@ fn parse_options() -> Result<Options> {
                     })
                     .collect::<Result<_>>()?
             }
-            _ => bail!("unknown option {name}: --pods N --nodes N --batch N --fill spread,node --max-entries 0,32 --svg FILE"),
+            _ => bail!("unknown option {name}: --pods N --nodes N --batch N --fill spread,node --max-entries 0,32 --slice-sizes /24,/72 --svg FILE"),
         }
     }
-    if o.nodes == 0 || o.batch == 0 || o.pods / o.nodes > 250 {
+    if o.nodes == 0 || o.batch == 0 || (o.slice_sizes[0] == "/24" && o.pods / o.nodes > 250) {
         bail!("--nodes and --batch must be positive, and a node's pods fit in one /24 slice (at most 250 per node)");
     }
     Ok(o)
@@ -159,8 +175,8 @@ fn run(o: &Options, fill: Fill, bound: u32) -> Result<Run> {
     let cluster = Cluster::prepared_with(false).context("starting the control plane")?;
     let work = TempDir::new("scale");
     let mut conf = kubernetes_conf("scale", &cluster.plugin_kubeconfig(), None, &RANGES);
-    conf["ipam"]["node_slice_size"] = json!("/24");
-    conf["ipam"]["ipRanges"][1]["node_slice_size"] = json!("/72");
+    conf["ipam"]["node_slice_size"] = json!(o.slice_sizes[0]);
+    conf["ipam"]["ipRanges"][1]["node_slice_size"] = json!(o.slice_sizes[1]);
     if bound > 0 {
         conf["ipam"]["node_slice_max_entries"] = json!(bound);
     }
@@ -215,7 +231,15 @@ fn main() -> Result<()> {
     let o = parse_options()?;
     let runs = o.bounds.iter().flat_map(|b| o.fills.iter().map(move |f| (*f, *b))).map(|(f, b)| run(&o, f, b)).collect::<Result<Vec<_>>>()?;
     println!();
-    println!("{} pods over {} nodes in batches of {}, ranges {} in /24 + /72 slices, reservations on; 2 cores", o.pods, o.nodes, o.batch, RANGES.join(" + "));
+    println!(
+        "{} pods over {} nodes in batches of {}, ranges {} in {} + {} slices, reservations on; 2 cores",
+        o.pods,
+        o.nodes,
+        o.batch,
+        RANGES.join(" + "),
+        o.slice_sizes[0],
+        o.slice_sizes[1]
+    );
     for r in &runs {
         println!();
         println!("**{}**", r.name());
