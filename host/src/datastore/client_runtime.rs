@@ -27,8 +27,8 @@ impl ClientRuntime {
 
     /// Runs `task` in the background: it makes progress while the runtime runs
     /// any other work (a current-thread runtime runs only inside `block_on`).
-    pub fn spawn<F: Future<Output = ()> + Send + 'static>(&self, task: F) -> tokio::task::AbortHandle {
-        self.0.spawn(task).abort_handle()
+    pub fn spawn<F: Future<Output = ()> + Send + 'static>(&self, task: F) -> tokio::task::JoinHandle<()> {
+        self.0.spawn(task)
     }
 
     /// Inside the runtime (a client spawns its dispatcher task where it is made).

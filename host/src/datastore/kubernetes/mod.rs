@@ -202,20 +202,29 @@ impl KubernetesStore {
         self.runtime.block_on(futures_util::future::join_all(requests.iter().map(|r| self.send(r, deadline, cap, throttle_retries))))
     }
 
-    /// Many requests, at most `in_flight` of them at the apiserver at a time
-    /// (each as [`call_one`](Self::call_one) would send it); the answers in
-    /// the order of `requests`. For bulk work that would otherwise arrive as
-    /// one stampede (a write serving 256 DELs dismisses 256 tickets).
+    /// Many requests, at most `in_flight` of them at the apiserver at a time;
+    /// the answers in the order of `requests`. For bulk work that would
+    /// otherwise arrive as one stampede (a write serving 256 DELs dismisses
+    /// 256 tickets). None starts after `start_by`, and one started runs to its
+    /// answer (at most `cap`, with its retries): cut off, the apiserver logs it
+    /// as a 504.
     fn call_some_at_a_time(
         &self,
         requests: &[Request],
         in_flight: usize,
-        deadline: Instant,
+        start_by: Instant,
         cap: Duration,
         throttle_retries: u32,
     ) -> Vec<Result<Reply, DatastoreError>> {
         use futures_util::stream::{self, StreamExt};
-        let answers = stream::iter(requests.iter().map(|r| self.send(r, deadline, cap, throttle_retries))).buffered(in_flight.max(1)).collect();
+        let answers = stream::iter(requests.iter().map(|r| async move {
+            if Instant::now() >= start_by {
+                return Err(self.unavailable(&r.action, "not sent: the time for this work ran out".into()));
+            }
+            self.send(r, Instant::now() + cap, cap, throttle_retries).await
+        }))
+        .buffered(in_flight.max(1))
+        .collect();
         self.runtime.block_on(answers)
     }
 

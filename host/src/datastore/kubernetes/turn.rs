@@ -78,7 +78,8 @@ pub const SERVE_AT_MOST: usize = 256;
 
 /// Ticket deletes of one dismissal at the apiserver at a time ([`dismiss`]).
 const DISMISS_IN_FLIGHT: usize = 16;
-/// How long a dismissal may keep the turn ([`dismiss`]).
+/// How long a dismissal starts deletes ([`dismiss`]); the ones started run
+/// to their answer.
 const DISMISS_WITHIN: Duration = Duration::from_secs(5);
 /// Retries of a ticket delete turned away by flow control ([`dismiss`]).
 const DISMISS_RETRIES: u32 = 2;
@@ -105,7 +106,7 @@ pub(super) struct Turn {
     name: String,
     version: u64,
     /// None once the ticket is gone.
-    renewal: Option<tokio::task::AbortHandle>,
+    renewal: Option<Renewal>,
     /// Set when the ticket left the queue while the call waited (a DEL of its
     /// group served it, see the module comment): the revision of the LIST that
     /// found it gone. Reads of the pools ask for one at least as new, which
@@ -230,7 +231,7 @@ pub(super) fn take(store: &KubernetesStore, pools: &[PoolId], holder: &str, offe
 /// Ends a turn: the next one in the queue goes, told what this one wrote.
 pub(super) fn end(store: &KubernetesStore, turn: Turn) {
     if let Some(renewal) = turn.renewal {
-        renewal.abort();
+        renewal.stop(store);
         if !turn.written.is_empty() {
             leave_written(store, &turn.name, &turn.written);
         }
@@ -305,7 +306,7 @@ pub(super) fn dismiss(store: &KubernetesStore, names: &[String]) {
             action: format!("deleting served turn ticket {}/{name}", store.namespace),
         })
         .collect();
-    for answer in store.call_some_at_a_time(&requests, DISMISS_IN_FLIGHT, Instant::now() + DISMISS_WITHIN, DISMISS_WITHIN, DISMISS_RETRIES) {
+    for answer in store.call_some_at_a_time(&requests, DISMISS_IN_FLIGHT, Instant::now() + DISMISS_WITHIN, super::REQUEST_TIMEOUT, DISMISS_RETRIES) {
         if let Err(e) = answer {
             logging::debug(format!("{e}"));
         }
@@ -489,14 +490,37 @@ fn watch_until_deleted(store: &KubernetesStore, name: &str, revision: &str, unti
     }
 }
 
+/// The task renewing a holder's ticket.
+struct Renewal {
+    stop: std::sync::Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Renewal {
+    /// Stops the renewal between two requests, never inside one: an aborted
+    /// request is one the apiserver logs as a 504 ("context canceled"), 6 of
+    /// the 39 in a burst of 500 DELs.
+    fn stop(self, store: &KubernetesStore) {
+        self.stop.notify_one();
+        if store.runtime.within(CLEANUP_GRACE, self.task).is_none() {
+            logging::debug("a ticket renewal did not end in time".to_string());
+        }
+    }
+}
+
 /// Renews ticket `name` every [`RENEW_EVERY`] on the store's runtime (it runs
-/// while the call waits for any answer), until aborted or refused.
-fn renew(store: &KubernetesStore, name: &str) -> tokio::task::AbortHandle {
+/// while the call waits for any answer), until stopped or refused.
+fn renew(store: &KubernetesStore, name: &str) -> Renewal {
     let client = store.client.clone();
     let path = ticket_path(&store.namespace, name);
-    store.runtime.spawn(async move {
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let stopped = stop.clone();
+    let task = store.runtime.spawn(async move {
         loop {
-            tokio::time::sleep(RENEW_EVERY).await;
+            tokio::select! {
+                _ = tokio::time::sleep(RENEW_EVERY) => {}
+                _ = stopped.notified() => return,
+            }
             let body = serde_json::to_vec(&json!({"spec": {"renewTime": now()}})).unwrap_or_default();
             let Ok(request) = http::Request::builder().method(Method::PATCH).uri(&path).header(http::header::CONTENT_TYPE, JSON_MERGE_PATCH).body(body) else {
                 return;
@@ -505,7 +529,8 @@ fn renew(store: &KubernetesStore, name: &str) -> tokio::task::AbortHandle {
                 return;
             }
         }
-    })
+    });
+    Renewal { stop, task }
 }
 
 /// Deletes ticket `name` (only at `version` when given), best effort.
