@@ -100,7 +100,9 @@ impl Placement {
                 choices.push(vec![range.clone()]);
                 continue;
             };
-            let read = |fresh| match store.node_slices(&slicing.slice_pool, &node, fresh, deadline) {
+            // A DEL or CHECK looks in every slice of the node; an ADD needs one with room.
+            let every = claims == Claims::None;
+            let read = |fresh| match store.node_slices(&slicing.slice_pool, &node, fresh, every, deadline) {
                 // No NodeSlicePool: nothing of this range is on this node. A DEL
                 // (or CHECK) then has nothing to free there; an ADD fails below.
                 Err(DatastoreError::NoSlice { .. }) if claims == Claims::None => Ok(Vec::new()),

@@ -315,9 +315,11 @@ pub trait Datastore {
     /// `node_slice_size`: the slices of the `NodeSlicePool` `slice_pool` that
     /// `node` holds, in the pool's order. A store may answer from a cache;
     /// `fresh` asks for a read that sees every write completed before the call
-    /// (after a cached read found none). Only Kubernetes keeps node slices.
-    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
-        let _ = (slice_pool, node, fresh, deadline);
+    /// (after a cached read found none). Without `every`, a store may answer
+    /// with some of them (an ADD needs one with room; a DEL needs them all).
+    /// Only Kubernetes keeps node slices.
+    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
+        let _ = (slice_pool, node, fresh, every, deadline);
         Err(no_node_slices(self))
     }
 

@@ -19,6 +19,7 @@
 mod connection;
 pub mod crd;
 pub mod failure;
+mod held_memory;
 pub mod kubeconfig;
 #[cfg(test)]
 pub mod mock_api;
@@ -367,8 +368,8 @@ impl Datastore for KubernetesStore {
 
     /// One GET of the `NodeSlicePool`, from the watch cache unless `fresh`,
     /// and a LIST of the node's slice objects when the layout has them.
-    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
-        self.held_slices(slice_pool, node, fresh, deadline)
+    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
+        self.held_slices(slice_pool, node, fresh, every, deadline)
     }
 
     /// A fresh read, then (unless the node holds a slice the caller does not

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::crd::{self, NODE_SLICE_POOLS};
 use super::slices::{self, Shape, SliceObject, SliceTable};
-use super::{JSON, JSON_PATCH, KubernetesStore, Reply, node_turn};
+use super::{JSON, JSON_PATCH, KubernetesStore, Reply, held_memory, node_turn};
 use crate::datastore::{DatastoreError, SliceCandidates};
 use crate::logging;
 
@@ -35,9 +35,50 @@ impl KubernetesStore {
     /// The slices `node` holds in layout `slice_pool`, from the watch cache
     /// unless `fresh`: one GET of the layout object, and, once the layout has
     /// slice objects, one LIST of the node's objects by label.
-    pub(super) fn held_slices(&self, slice_pool: &str, node: &str, fresh: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
+    ///
+    /// Unless `every` slice is asked for (a DEL must find every entry of its
+    /// node), the slices this node remembers are read by name instead
+    /// ([`held_memory`]): an ADD needs a slice of its node, not all of them.
+    pub(super) fn held_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
         let table = self.slice_table(slice_pool, node, fresh, deadline)?;
+        if table.shape.has_objects()
+            && !every
+            && !fresh
+            && let Some(held) = self.recalled(&table, slice_pool, node, deadline)?
+        {
+            return Ok(held);
+        }
         self.held_in(&table, slice_pool, node, fresh, deadline)
+    }
+
+    /// The slices this node remembers of `table`'s layout that still name it,
+    /// each read by name from the watch cache; `None` when none does.
+    fn recalled(&self, table: &SliceTable, slice_pool: &str, node: &str, deadline: Instant) -> Result<Option<Vec<String>>, DatastoreError> {
+        let mut held = match table.shape {
+            Shape::Both { .. } => table.held_by(node),
+            _ => Vec::new(),
+        };
+        let mut found = false;
+        for slice in held_memory::recall(&self.lock_scope(), slice_pool, node) {
+            let name = slices::slice_object_name(slice_pool, &slice);
+            let action = format!("reading slice object NodeSlicePool {}/{name}", self.namespace);
+            let path = format!("{}?resourceVersion=0", crd::object_path(&self.namespace, NODE_SLICE_POOLS, &name));
+            match self.call(Method::GET, &path, None, &action, deadline)? {
+                Reply::Object(object) => {
+                    if let Ok(o) = SliceObject::from_object(&object)
+                        && o.node == node
+                    {
+                        found = true;
+                        if !held.contains(&o.slice) {
+                            held.push(o.slice);
+                        }
+                    }
+                }
+                Reply::Status(s) if s.code == 404 => {}
+                Reply::Status(s) => return Err(self.status_error(&s, &action)),
+            }
+        }
+        Ok(found.then_some(held))
     }
 
     /// What `node` holds of the layout read as `table`.
@@ -47,11 +88,14 @@ impl KubernetesStore {
             Shape::List | Shape::Both { .. } => table.held_by(node),
         };
         if table.shape.has_objects() {
+            let mut objects = Vec::new();
             for object in self.slice_objects(slice_pool, Some(node), fresh, deadline)? {
-                if object.node == node && !held.contains(&object.slice) {
-                    held.push(object.slice);
+                if object.node == node {
+                    objects.push(object.slice);
                 }
             }
+            held_memory::remember(&self.lock_scope(), slice_pool, node, &objects);
+            held.extend(objects.into_iter().filter(|s| !held.contains(s)).collect::<Vec<_>>());
         }
         Ok(held)
     }
@@ -80,16 +124,33 @@ impl KubernetesStore {
             let claimed = match table.shape {
                 Shape::List => self.claim_in_list(slice_pool, &table, node, &taken, candidates, deadline)?,
                 Shape::Both { .. } => self.claim_in_both(slice_pool, &table, node, &mut taken, candidates, deadline)?,
-                Shape::Objects => return self.claim_object(slice_pool, &table, node, candidates, deadline),
+                Shape::Objects => {
+                    let claimed = self.claim_object(slice_pool, &table, node, candidates, deadline)?;
+                    if let Some(slice) = &claimed {
+                        self.remember_claim(slice_pool, node, slice);
+                    }
+                    return Ok(claimed);
+                }
             };
             match claimed {
                 Claim::Took(slice) => {
                     logging::verbose(format!("node {node} claimed slice {slice} of NodeSlicePool {slice_pool}"));
+                    self.remember_claim(slice_pool, node, &slice);
                     return Ok(Some(slice));
                 }
                 Claim::NoneFree => return Ok(None),
                 Claim::Lost => continue,
             }
+        }
+    }
+
+    /// A slice object this node now holds too, for its next ADD ([`held_memory`]).
+    fn remember_claim(&self, slice_pool: &str, node: &str, slice: &str) {
+        let scope = self.lock_scope();
+        let mut held = held_memory::recall(&scope, slice_pool, node);
+        if !held.iter().any(|s| s == slice) {
+            held.push(slice.to_string());
+            held_memory::remember(&scope, slice_pool, node, &held);
         }
     }
 

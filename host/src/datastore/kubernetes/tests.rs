@@ -723,11 +723,41 @@ fn slice_objects(held: &[(&str, &str)]) -> Answer {
 #[test]
 fn with_slice_objects_a_node_lists_its_own_by_label_from_the_cache() {
     let (s, log, _) = store("ns", vec![layout_of_objects("true", json!([])), slice_objects(&[("a", "192.0.2.128/26")])]);
-    assert_eq!(s.node_slices("net1", "a", false, deadline()).unwrap(), ["192.0.2.128/26"]);
+    assert_eq!(s.node_slices("net1", "a", false, true, deadline()).unwrap(), ["192.0.2.128/26"]);
     assert_eq!(
         log.lines()[1],
         format!("GET {API}/nodeslicepools?labelSelector=thereabouts.io%2Fslice-of%3Dnet1%2Cthereabouts.io%2Fslice-node%3Da&resourceVersion=0")
     );
+}
+
+#[test]
+fn with_slice_objects_an_add_reads_the_slices_its_node_remembers_by_name_and_a_del_lists_them_all() {
+    // Its own namespace: what a node remembers outlives the test process.
+    let ns = format!("held-{}", std::process::id());
+    let mine = |slice: &str| Answer::Ok(slices::SliceObject::object("net1", &ns, "/26", slice, "a", None));
+    let answers = vec![
+        layout_of_objects("true", json!([])),
+        slice_objects(&[("a", "192.0.2.128/26")]),
+        layout_of_objects("true", json!([])),
+        mine("192.0.2.128/26"),
+        layout_of_objects("true", json!([])),
+        slice_objects(&[("a", "192.0.2.128/26"), ("a", "192.0.2.192/26")]),
+    ];
+    let (s, log, _) = store(&ns, answers);
+    // Nothing remembered yet: the LIST by label, remembered.
+    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap(), ["192.0.2.128/26"]);
+    // The next ADD reads its slice by name; a DEL lists every slice of the node.
+    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap(), ["192.0.2.128/26"]);
+    assert_eq!(
+        log.lines()[3],
+        format!(
+            "GET {}/namespaces/{ns}/nodeslicepools/{}?resourceVersion=0",
+            API.split("/namespaces/").next().unwrap(),
+            slices::slice_object_name("net1", "192.0.2.128/26")
+        )
+    );
+    assert_eq!(s.node_slices("net1", "a", false, true, deadline()).unwrap(), ["192.0.2.128/26", "192.0.2.192/26"]);
+    assert!(log.lines()[5].contains("labelSelector"));
 }
 
 #[test]
@@ -774,8 +804,8 @@ fn between_shapes_a_claim_the_list_refuses_takes_its_object_back_and_tries_the_n
 fn a_node_reads_its_slices_from_the_cache_and_once_from_etcd_when_it_holds_none() {
     let held = json!([{"nodeName": "a", "sliceRange": "192.0.2.0/26"}, {"nodeName": "a", "sliceRange": "192.0.2.64/26"}]);
     let (s, log, _) = store("ns", vec![slice_pool(held.clone()), slice_pool(held)]);
-    assert_eq!(s.node_slices("net1", "a", false, deadline()).unwrap(), ["192.0.2.0/26", "192.0.2.64/26"]);
-    assert!(s.node_slices("net1", "b", true, deadline()).unwrap().is_empty());
+    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap(), ["192.0.2.0/26", "192.0.2.64/26"]);
+    assert!(s.node_slices("net1", "b", true, false, deadline()).unwrap().is_empty());
     assert_eq!(log.lines(), [format!("GET {API}/nodeslicepools/net1?resourceVersion=0"), format!("GET {API}/nodeslicepools/net1")]);
 }
 
