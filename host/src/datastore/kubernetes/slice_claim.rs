@@ -1,8 +1,8 @@
 //! Reading and claiming a node's slices, in whichever shape its layout keeps
 //! them ([`Shape`]): whereabouts' list in the layout object, one object per
 //! slice, or both while the controller moves a layout from one to the other.
-//! The model is in `slices.rs`; the design in `docs/datastores.md` ("Past 4 096
-//! slices").
+//! The model is in `slices.rs`; the design in `docs/datastores.md` ("Slice
+//! objects").
 
 use std::collections::BTreeSet;
 use std::time::Instant;

@@ -152,6 +152,29 @@ struct Run {
     addresses: usize,
     pool_bytes: usize,
     slice_pool_bytes: usize,
+    control: ControllerFigures,
+    /// etcd's database file at the end.
+    etcd_db_bytes: u64,
+}
+
+/// What the controller cost over a run: its peak RSS (the kernel's `VmHWM`)
+/// and its full reconcile passes (count, mean seconds), from its `/metrics`.
+struct ControllerFigures {
+    peak_rss_kib: u64,
+    full_passes: f64,
+    full_pass_seconds: f64,
+}
+
+impl ControllerFigures {
+    fn of(controller: &Controller) -> Self {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", controller.pid())).unwrap_or_default();
+        let peak_rss_kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0);
+        let page = controller.scrape().unwrap_or_default();
+        let metric = |name: &str| page.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0);
+        let full_passes = metric("thereabouts_reconcile_duration_seconds_count{kind=\"full\"}");
+        let sum = metric("thereabouts_reconcile_duration_seconds_sum{kind=\"full\"}");
+        ControllerFigures { peak_rss_kib, full_passes, full_pass_seconds: if full_passes > 0.0 { sum / full_passes } else { 0.0 } }
+    }
 }
 
 impl Run {
@@ -181,7 +204,7 @@ fn run(o: &Options, fill: Fill, bound: u32) -> Result<Run> {
         conf["ipam"]["node_slice_max_entries"] = json!(bound);
     }
     let kubeconfig = block_on(controller::install(&cluster))?;
-    let _controller = Controller::start_with(&thereabouts_bin(), &kubeconfig, 150, 30, &work.path().join("controller.log"))?;
+    let controller = Controller::start_with(&thereabouts_bin(), &kubeconfig, 150, 30, &work.path().join("controller.log"))?;
     let node = |i: usize| format!("node-{i:03}");
     for i in 0..o.nodes {
         block_on(controller::add_node(&cluster, &node(i)))?;
@@ -224,7 +247,9 @@ fn run(o: &Options, fill: Fill, bound: u32) -> Result<Run> {
         points.push(point(start, &phase));
     }
     let (pool_bytes, slice_pool_bytes) = largest(&objects)?;
-    Ok(Run { fill, bound, nodes: o.nodes, per_node, points, failed, addresses: seen.len(), pool_bytes, slice_pool_bytes })
+    let control = ControllerFigures::of(&controller);
+    let etcd_db_bytes = std::fs::metadata(cluster.dir().join("etcd/member/snap/db")).map_or(0, |m| m.len());
+    Ok(Run { fill, bound, nodes: o.nodes, per_node, points, failed, addresses: seen.len(), pool_bytes, slice_pool_bytes, control, etcd_db_bytes })
 }
 
 fn main() -> Result<()> {
@@ -263,6 +288,13 @@ fn main() -> Result<()> {
         println!();
         println!("- ADDs failed: {}; addresses handed out: {} (none twice)", r.failed, r.addresses);
         println!("- largest IPPool: {} bytes; largest NodeSlicePool: {} bytes; bound {OBJECT_BOUND} bytes", r.pool_bytes, r.slice_pool_bytes);
+        println!(
+            "- controller: peak RSS {:.1} MiB; {} full reconcile passes, {:.2} s each on average; etcd database {:.1} MiB at the end",
+            r.control.peak_rss_kib as f64 / 1024.0,
+            r.control.full_passes,
+            r.control.full_pass_seconds,
+            r.etcd_db_bytes as f64 / 1048576.0
+        );
     }
     if let Some(path) = &o.svg {
         std::fs::write(path, svg(&runs, o.pods)).with_context(|| format!("writing {}", path.display()))?;
