@@ -80,7 +80,8 @@ fn chosen<'c>(
         return Ok(Cow::Borrowed(config));
     }
     let mut ranges = Vec::with_capacity(config.ranges.len());
-    for (index, choices) in placement.choices.iter().enumerate() {
+    for index in 0..placement.choices.len() {
+        let choices: Vec<&NormalizedRange> = placement.reading(index).collect();
         let in_span = |r: &NormalizedRange, o: u128| o >= r.first_offset && o <= r.last_offset && !r.excluded.iter().any(|(lo, hi)| (*lo..=*hi).contains(&o));
         let holds = |r: &NormalizedRange| entries_of(loaded, &r.pool_name).iter().any(|e| same_holder(e.holder(), asking) && in_span(r, e.offset));
         let has_room = |r: &NormalizedRange| {
@@ -94,12 +95,12 @@ fn chosen<'c>(
         let under_bound = |r: &NormalizedRange| bound.is_none_or(|max| entries_of(loaded, &r.pool_name).len() < max as usize);
         let pick = choices.iter().find(|r| holds(r)).or_else(|| choices.iter().find(|r| has_room(r) && under_bound(r)));
         match (pick, config.ranges.get(index)) {
-            (Some(range), _) => ranges.push(range.clone()),
+            (Some(range), _) => ranges.push((*range).clone()),
             (None, Some(whole)) if whole.node_slicing.is_some() => {
-                return Err(IpamError::SlicesFull { range_index: index, cidr: whole.cidr.clone(), at_bound: choices.iter().any(has_room) });
+                return Err(IpamError::SlicesFull { range_index: index, cidr: whole.cidr.clone(), at_bound: choices.iter().any(|r| has_room(r)) });
             }
             // Unsliced and full: the engine says so in whereabouts' words.
-            (None, _) => ranges.push(choices.first().cloned().ok_or(IpamError::EngineAnswer { detail: "a range without a choice" })?),
+            (None, _) => ranges.push(choices.first().map(|r| (*r).clone()).ok_or(IpamError::EngineAnswer { detail: "a range without a choice" })?),
         }
     }
     Ok(Cow::Owned(NormalizedConfig { ranges, ..config.clone() }))
@@ -658,6 +659,7 @@ mod tests {
 
     use super::*;
     use crate::datastore::Version;
+    use crate::datastore::pool_note::PoolNote;
 
     fn pool(name: &str) -> PoolId {
         PoolId { name: name.into(), cidr: format!("{name}/24"), node_local: false }
@@ -703,6 +705,34 @@ mod tests {
         assert!(matches!(chosen_at(&[14, 14], false), Err(IpamError::SlicesFull { at_bound: false, .. })), "a /28 holds 14");
         // No slice was free to claim: the pools fill up past the bound.
         assert_eq!(chosen_at(&[2, 2], true).unwrap(), "192.0.2.0/28");
+    }
+
+    #[test]
+    fn an_add_leaves_out_the_pools_its_node_noted_full_unless_they_hold_its_pod_and_reads_them_when_the_rest_are_full() {
+        let text =
+            r#"{"cniVersion":"1.0.0","name":"net1","ipam":{"type":"thereabouts","range":"192.0.2.0/24","node_slice_size":"/28","node_slice_max_entries":2}}"#;
+        let config = thereabouts_allocator::config::normalize(text, None, "").expect("a valid config");
+        let placement = Placement::of_slices(&config, "node-a", &[&["192.0.2.0/28", "192.0.2.16/28", "192.0.2.32/28"]]);
+        let pool = |i: usize| placement.choices[0][i].pool_name.clone();
+        let entry = |offset, pod: &str| Allocation { offset, container_id: format!("c{offset}"), pod_ref: pod.into(), ifname: "eth0".into() };
+        let full = PoolNote::of(&[entry(1, "ns/a"), entry(2, "ns/b")]);
+        let notes = [full.clone(), PoolNote::of(&[entry(3, "ns/c"), entry(4, "ns/d")]), PoolNote::of(&[entry(5, "ns/e")])];
+        let two_full = |pools: &[PoolId]| notes.iter().take(pools.len()).cloned().map(Some).collect();
+        let reads = |pod: &str, notes: &dyn Fn(&[PoolId]) -> Vec<Option<PoolNote>>| {
+            let mut p = placement.clone();
+            p.leave_out_full(&config, Holder { container_id: "new", pod_ref: pod, ifname: "eth0" }, notes);
+            p
+        };
+        let names = |p: &Placement| p.pools().into_iter().map(|p| p.name).collect::<Vec<_>>();
+
+        let mut new_pod = reads("ns/new", &two_full);
+        assert_eq!(names(&new_pod), [pool(2)]);
+        assert_eq!(names(&reads("ns/a", &two_full)), [pool(0), pool(2)], "the pool noted with its pod");
+        assert_eq!(names(&reads("ns/new", &|pools: &[PoolId]| vec![Some(full.clone()); pools.len()])).len(), 3, "never none");
+        assert_eq!(names(&reads("ns/new", &|pools: &[PoolId]| vec![None; pools.len()])).len(), 3, "no notes");
+        assert!(new_pod.read_every(0), "some were left out");
+        assert_eq!(names(&new_pod).len(), 3);
+        assert!(!new_pod.read_every(0));
     }
 
     /// A DEL in its turn serves the DELs queued behind it: an entry is

@@ -6,9 +6,11 @@
 
 use std::time::Instant;
 
+use thereabouts_allocator::attachment::Holder;
 use thereabouts_allocator::model::{NormalizedConfig, NormalizedRange};
 
 use crate::component::{EngineComponent, EngineFailure};
+use crate::datastore::pool_note::PoolNote;
 use crate::datastore::{Datastore, DatastoreError, PoolId, SliceCandidates};
 use crate::ipam::IpamError;
 use crate::node_name;
@@ -59,6 +61,10 @@ pub struct Placement {
     /// Per range of the config: no slice was free when its pools reached
     /// `node_slice_max_entries`, so they fill up past it.
     past_bound: Vec<bool>,
+    /// Per range of the config: the pools of its choices an ADD does not read,
+    /// as its node noted them at the bound without the asking pod
+    /// ([`Placement::leave_out_full`]).
+    left_out: Vec<Vec<String>>,
 }
 
 /// Whether a call may claim a slice for its node when it holds none (ADD) or
@@ -77,6 +83,7 @@ impl Placement {
             sliced: vec![false; config.ranges.len()],
             node: None,
             past_bound: vec![false; config.ranges.len()],
+            left_out: vec![Vec::new(); config.ranges.len()],
         }
     }
 
@@ -124,7 +131,8 @@ impl Placement {
             choices.push(ranges);
         }
         let sliced = config.ranges.iter().map(|r| r.node_slicing.is_some()).collect();
-        let mut placement = Placement { choices, sliced, node: Some(node), past_bound: vec![false; config.ranges.len()] };
+        let n = config.ranges.len();
+        let mut placement = Placement { choices, sliced, node: Some(node), past_bound: vec![false; n], left_out: vec![Vec::new(); n] };
         if claims == Claims::Allowed {
             for index in 0..config.ranges.len() {
                 if placement.choices[index].is_empty() {
@@ -181,7 +189,8 @@ impl Placement {
             .zip(slices)
             .map(|(range, held)| held.iter().filter_map(|s| thereabouts_allocator::slices::in_slice(range, &config.network_name, node, s).ok()).collect())
             .collect();
-        Placement { choices, sliced: vec![true; config.ranges.len()], node: Some(node.into()), past_bound: vec![false; config.ranges.len()] }
+        let n = config.ranges.len();
+        Placement { choices, sliced: vec![true; n], node: Some(node.into()), past_bound: vec![false; n], left_out: vec![Vec::new(); n] }
     }
 
     /// The entries a pool of range `index` may hold before the node prefers
@@ -216,6 +225,42 @@ impl Placement {
         if let Some(past) = self.past_bound.get_mut(index) {
             *past = true;
         }
+        self.read_every(index);
+    }
+
+    /// An ADD's reads stay flat in the pods of its node: of each range with
+    /// `node_slice_max_entries`, it leaves out the pools its node noted at
+    /// the bound that do not hold `asking` already (`pool_note.rs`), unless
+    /// that would leave none. So a node with many full slices reads the one
+    /// it fills, not all of them.
+    /// `notes`: [`Datastore::pool_notes`].
+    pub fn leave_out_full(&mut self, config: &NormalizedConfig, asking: Holder, notes: &dyn Fn(&[PoolId]) -> Vec<Option<PoolNote>>) {
+        for index in 0..self.choices.len() {
+            let Some(bound) = self.entry_bound(config, index) else { continue };
+            let pools: Vec<PoolId> = self.choices[index].iter().map(crate::ipam::pool_of).collect();
+            let notes = notes(&pools);
+            let full: Vec<String> = pools
+                .iter()
+                .zip(notes)
+                .filter(|(_, note)| note.as_ref().is_some_and(|n| n.entries >= bound as usize && !n.may_hold(asking)))
+                .map(|(pool, _)| pool.name.clone())
+                .collect();
+            if full.len() < pools.len() {
+                self.left_out[index] = full;
+            }
+        }
+    }
+
+    /// Range `index`'s choices an ADD reads.
+    pub fn reading(&self, index: usize) -> impl Iterator<Item = &NormalizedRange> {
+        let left_out = self.left_out.get(index).map(Vec::as_slice).unwrap_or_default();
+        self.choices.get(index).into_iter().flatten().filter(|r| !left_out.contains(&r.pool_name))
+    }
+
+    /// Reads every pool of range `index` from now on; whether any was left out
+    /// (the pools read were full: a pool noted full may have room again).
+    pub fn read_every(&mut self, index: usize) -> bool {
+        self.left_out.get_mut(index).map(std::mem::take).is_some_and(|left| !left.is_empty())
     }
 
     /// Whether any range is sliced.
@@ -223,10 +268,10 @@ impl Placement {
         self.node.is_some()
     }
 
-    /// Every pool a choice is on, each once, in range order; a node's slice
-    /// pools are [`PoolId::node_local`].
+    /// Every pool a choice the call reads is on, each once, in range order; a
+    /// node's slice pools are [`PoolId::node_local`].
     pub fn pools(&self) -> Vec<PoolId> {
-        let mut pools = crate::ipam::distinct_pools_of(self.choices.iter().flatten());
+        let mut pools = crate::ipam::distinct_pools_of((0..self.choices.len()).flat_map(|index| self.reading(index)));
         for pool in &mut pools {
             pool.node_local = self.choices.iter().zip(&self.sliced).any(|(c, sliced)| *sliced && c.iter().any(|r| r.pool_name == pool.name));
         }

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use serde_json::{Map, Value};
+use thereabouts_allocator::attachment::Holder;
 use thereabouts_allocator::config::SUPPORTED_CNI_VERSIONS;
 use thereabouts_allocator::model::{Assignment, NormalizedConfig, RangesAllocation};
 
@@ -159,8 +160,13 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
         _ => None,
     };
     let mut placement = Placement::resolve(engine, store, config, Claims::Allowed, deadline)?;
+    let asking = Holder { container_id: who.container_id, pod_ref: &config.pod_ref, ifname: who.ifname };
+    placement.leave_out_full(config, asking, &|pools| store.pool_notes(pools));
     let assignments = loop {
         match ipam::allocate(engine, store, config, &placement, who, guide.as_ref(), deadline) {
+            // The pools it read are full, and it left out some its node noted
+            // full: it reads them all before it claims a slice.
+            Err(ipam::IpamError::SlicesFull { range_index, .. }) if placement.read_every(range_index) => {}
             // The node's slices are full: it claims another and tries again.
             Err(ipam::IpamError::SlicesFull { range_index, at_bound: false, .. }) => placement.claim(engine, store, config, range_index, deadline)?,
             // Its slices hold `node_slice_max_entries`: another if one is free.

@@ -15,6 +15,7 @@ mod flock;
 pub mod kubernetes;
 pub mod pool_document;
 pub mod pool_file;
+pub mod pool_note;
 pub mod retry;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -337,6 +338,13 @@ pub trait Datastore {
     ) -> Result<Option<String>, DatastoreError> {
         let _ = (slice_pool, node, known, candidates, deadline);
         Err(no_node_slices(self))
+    }
+
+    /// What this node noted of each of its slice pools `pools` when its calls
+    /// last read or wrote it (`pool_note.rs`), `None` where it noted nothing.
+    /// Only Kubernetes keeps node slices.
+    fn pool_notes(&self, pools: &[PoolId]) -> Vec<Option<pool_note::PoolNote>> {
+        vec![None; pools.len()]
     }
 }
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, result_ips, thereabouts_bin};
 use thereabouts_k8s_harness::addresses::contains;
+use thereabouts_k8s_harness::apiserver_metrics::Metrics;
 use thereabouts_k8s_harness::burst::run_concurrently;
 use thereabouts_k8s_harness::controller::{self, Controller};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects, RESERVATIONS, kubernetes_conf};
@@ -254,6 +255,39 @@ fn a_node_pool_at_node_slice_max_entries_makes_the_node_claim_another_slice_and_
     (9..12).for_each(add);
     assert_eq!(holders(&objects, "green")["node-a"].len(), 3);
     assert_eq!(node_pool_entries(&objects, "node-a").iter().sum::<usize>(), 12);
+}
+
+#[test]
+fn an_add_reads_only_the_pool_of_its_node_under_the_bound_not_the_full_ones() {
+    let cluster = Cluster::prepared().unwrap();
+    let objects = Objects::admin(&cluster).unwrap();
+    let metrics = Metrics::admin(&cluster).unwrap();
+    let tmp = TempDir::new("slices-flat");
+    let kubeconfig = block_on(controller::install(&cluster)).unwrap();
+    block_on(controller::add_node(&cluster, "node-a")).unwrap();
+    // 192.0.2.0/26 in four /28 slices; a node pool takes 2 entries.
+    let mut conf = kubernetes_conf("slices", &cluster.plugin_kubeconfig(), Some("blue"), &["192.0.2.0/26"]);
+    conf["ipam"]["node_slice_size"] = json!("/28");
+    conf["ipam"]["node_slice_max_entries"] = json!(2);
+    block_on(controller::create_nad(&cluster, "blue", &conf)).unwrap();
+    let controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
+    wait_until("node-a holds a slice", Duration::from_secs(30), Duration::from_millis(200), || every_node_holds_one(&objects, "blue", &["node-a"]));
+    // From here only the plugin reads the pools.
+    drop(controller);
+    let add = |i: usize| {
+        on_node("ADD", &conf, "node-a", &format!("a{i}")).run(&thereabouts_bin()).expect_ok("ADD under a bound");
+    };
+
+    (0..7).for_each(add);
+    let mut entries = node_pool_entries(&objects, "node-a");
+    entries.sort();
+    assert_eq!(entries, [1, 2, 2, 2], "three slices at the bound, the fourth filling");
+    let before = metrics.requests().unwrap();
+    add(7);
+    let during = metrics.requests().unwrap().since(&before);
+    // A read by name, which the apiserver counts as a GET.
+    let reads = during.of("GET", "ippools", "200") + during.of("LIST", "ippools", "200");
+    assert_eq!(reads, 1.0, "one pool read, not four: {:?}", during.lines());
 }
 
 /// node → slices held, from `layout`'s slice objects.

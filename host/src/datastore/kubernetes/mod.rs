@@ -372,6 +372,11 @@ impl Datastore for KubernetesStore {
         self.held_slices(slice_pool, node, fresh, every, deadline)
     }
 
+    /// The notes its node-turn holders left beside their locks (`node_turn.rs`).
+    fn pool_notes(&self, pools: &[PoolId]) -> Vec<Option<super::pool_note::PoolNote>> {
+        node_turn::notes(&self.lock_scope(), pools)
+    }
+
     /// A fresh read, then (unless the node holds a slice the caller does not
     /// know) a claim that tests the slot it takes, or creates the slice's
     /// object; a slot taken meanwhile reads again (`slice_claim.rs`).

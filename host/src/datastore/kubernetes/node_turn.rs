@@ -7,6 +7,10 @@
 //! version (`resourceVersionMatch=NotOlderThan`), so it never plans on a read
 //! older than its predecessor's write.
 //!
+//! Beside each lock, a note of what the pool held after the last holder
+//! read or wrote it (`pool_note.rs`), which an ADD reads without the lock to
+//! leave out the pools that cannot take it.
+//!
 //! Never what safety rests on: the entry tests of every write stay, and a call
 //! that cannot take the lock (no `/run/thereabouts`, another namespace's
 //! permissions) goes on as every call did before.
@@ -18,6 +22,7 @@ use std::time::Instant;
 
 use crate::datastore::PoolId;
 use crate::datastore::flock;
+use crate::datastore::pool_note::PoolNote;
 use crate::logging;
 
 /// Where the locks live: a tmpfs the plugin (root, on the node) may write,
@@ -28,6 +33,22 @@ pub const LOCK_DIR: &str = "/run/thereabouts/slice-turns";
 pub struct NodeTurn {
     /// (pool name, its lock file), in name order.
     locks: Vec<(String, File)>,
+    dir: PathBuf,
+    scope: String,
+}
+
+/// Where `pool`'s note lies.
+fn note_path(dir: &std::path::Path, scope: &str, pool: &str) -> PathBuf {
+    dir.join(format!("{scope}_{pool}.note"))
+}
+
+/// What the last holders noted of `pools` (none where a note is missing or cut).
+pub fn notes(scope: &str, pools: &[PoolId]) -> Vec<Option<PoolNote>> {
+    notes_in(std::path::Path::new(LOCK_DIR), scope, pools)
+}
+
+fn notes_in(dir: &std::path::Path, scope: &str, pools: &[PoolId]) -> Vec<Option<PoolNote>> {
+    pools.iter().map(|p| std::fs::read_to_string(note_path(dir, scope, &p.name)).ok().and_then(|t| PoolNote::from_text(&t))).collect()
 }
 
 impl NodeTurn {
@@ -57,7 +78,7 @@ impl NodeTurn {
                 }
             }
         }
-        Some(NodeTurn { locks })
+        Some(NodeTurn { locks, dir, scope: scope.to_string() })
     }
 
     /// The node's turn to claim a slice of NodeSlicePool `slice_pool`, held
@@ -90,6 +111,20 @@ impl NodeTurn {
         (!version.is_empty() && version.bytes().all(|b| b.is_ascii_digit())).then(|| version.to_string())
     }
 
+    /// Notes what `pool` holds now, as this holder read or wrote it (best
+    /// effort: written whole, then renamed into place, as readers take no lock).
+    pub fn note(&self, pool: &str, note: &PoolNote) {
+        if !self.locks.iter().any(|(name, _)| name == pool) {
+            return;
+        }
+        let path = note_path(&self.dir, &self.scope, pool);
+        let partial = path.with_extension(format!("note.{}", std::process::id()));
+        if let Err(e) = std::fs::write(&partial, note.to_text()).and_then(|()| std::fs::rename(&partial, &path)) {
+            logging::debug(format!("node turn: cannot note what pool {pool} holds: {e}"));
+            let _ = std::fs::remove_file(&partial);
+        }
+    }
+
     /// Leaves `version` for the next holder of `pool` (best effort).
     pub fn record(&self, pool: &str, version: &str) {
         let Some((_, file)) = self.locks.iter().find(|(name, _)| name == pool) else { return };
@@ -120,6 +155,19 @@ mod tests {
         drop(first);
         let next = NodeTurn::take_in(dir.clone(), "ns", &[pool("a")], soon()).unwrap();
         assert_eq!(next.last_version("a").as_deref(), Some("41"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_holder_notes_what_its_pool_holds_for_calls_that_take_no_turn() {
+        let dir = std::env::temp_dir().join(format!("thereabouts-pool-note-{}", std::process::id()));
+        let soon = Instant::now() + std::time::Duration::from_millis(200);
+        assert_eq!(notes_in(&dir, "ns", &[pool("a")]), [None]);
+        let turn = NodeTurn::take_in(dir.clone(), "ns", &[pool("a")], soon).unwrap();
+        let note = PoolNote::of(&[]);
+        turn.note("a", &note);
+        turn.note("b", &note);
+        assert_eq!(notes_in(&dir, "ns", &[pool("a"), pool("b")]), [Some(note), None], "only a pool it holds the turn of");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -850,6 +850,7 @@ fn a_nodes_calls_on_its_slice_pools_take_turns_on_the_node_and_read_what_the_las
     // No version test in the node's turn, and no ticket: the entry tests arbitrate.
     assert!(log.body(2).as_array().unwrap().iter().all(|op| op["path"] != "/metadata/resourceVersion"), "{}", log.body(2));
     assert!(lines[3].contains("resourceVersion=77&resourceVersionMatch=NotOlderThan"), "{lines:?}");
+    assert_eq!(s.pool_notes(std::slice::from_ref(&p))[0].as_ref().map(|n| n.entries), Some(1), "noted for ADDs that leave full pools out");
     drop(second);
     // A version this apiserver never gave (its etcd was replaced): read as it is.
     let mut third = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
@@ -858,5 +859,7 @@ fn a_nodes_calls_on_its_slice_pools_take_turns_on_the_node_and_read_what_the_las
     assert!(log.lines()[5].ends_with("resourceVersion=0"), "{:?}", log.lines());
     drop(third);
     let dir = std::path::Path::new(super::node_turn::LOCK_DIR);
-    let _ = std::fs::remove_file(dir.join(format!("{}_{}.lock", s.lock_scope(), p.name)));
+    for file in ["lock", "note"] {
+        let _ = std::fs::remove_file(dir.join(format!("{}_{}.{file}", s.lock_scope(), p.name)));
+    }
 }

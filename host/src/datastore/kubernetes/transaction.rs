@@ -14,6 +14,7 @@ use super::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
 use super::node_turn::NodeTurn;
 use super::turn::{self, Turn};
 use super::{CLEANUP_GRACE, JSON, JSON_PATCH, KubernetesStore, REQUEST_TIMEOUT, Reply, Request, THROTTLE_RETRIES, WRITE_TIMEOUT, failure, patch};
+use crate::datastore::pool_note::PoolNote;
 use crate::datastore::{Change, DatastoreError, Outcome, Pool, PoolId, PoolUpdate, Purpose, ReservedOffsets, Retry, Transaction, Version};
 use crate::logging;
 
@@ -180,7 +181,11 @@ impl Transaction for KubeTransaction<'_> {
         };
         let mut fresh = HashMap::new();
         for (pool, reply) in to_read.into_iter().zip(replies) {
-            fresh.insert(pool.name.clone(), self.pool_from_reply(pool, reply?)?);
+            let object = self.pool_from_reply(pool, reply?)?;
+            if let TurnState::Node(turn) = &self.turn {
+                turn.note(&pool.name, &PoolNote::of(object.as_ref().map(|o| o.entries.as_slice()).unwrap_or_default()));
+            }
+            fresh.insert(pool.name.clone(), object);
         }
         pools.iter().map(|pool| Ok(self.load_one(pool, fresh.remove(&pool.name)))).collect()
     }
@@ -772,7 +777,12 @@ impl KubeTransaction<'_> {
         match answer? {
             Reply::Object(written) => {
                 match (&mut self.turn, written.pointer("/metadata/resourceVersion").and_then(Value::as_str)) {
-                    (TurnState::Node(turn), Some(version)) => turn.record(name, version),
+                    (TurnState::Node(turn), Some(version)) => {
+                        turn.record(name, version);
+                        if let Ok(pool) = crd::parse_pool(&written) {
+                            turn.note(name, &PoolNote::of(&pool.entries));
+                        }
+                    }
                     (TurnState::Holding(turn), Some(version)) => turn.record_written(name, version),
                     _ => {}
                 }
