@@ -201,8 +201,9 @@ impl Placement {
     }
 
     /// The node's pools of range `index` hold `node_slice_max_entries` each
-    /// and still have room: claims one more slice, or, when none is free,
-    /// lets them fill up past the bound (an ADD never fails for the bound).
+    /// and still have room (or were noted so and left out): claims one more
+    /// slice, or, when none is free, reads them all and lets them fill up
+    /// past the bound (an ADD never fails for the bound).
     pub fn claim_past_bound(
         &mut self,
         engine: &mut EngineComponent,
@@ -230,9 +231,9 @@ impl Placement {
 
     /// An ADD's reads stay flat in the pods of its node: of each range with
     /// `node_slice_max_entries`, it leaves out the pools its node noted at
-    /// the bound that do not hold `asking` already (`pool_note.rs`), unless
-    /// that would leave none. So a node with many full slices reads the one
-    /// it fills, not all of them.
+    /// the bound that do not hold `asking` already (`pool_note.rs`). So a
+    /// node with many full slices reads the one it fills, not all of them,
+    /// and when all are noted full it claims a slice without reading them.
     /// `notes`: [`Datastore::pool_notes`].
     pub fn leave_out_full(&mut self, config: &NormalizedConfig, asking: Holder, notes: &dyn Fn(&[PoolId]) -> Vec<Option<PoolNote>>) {
         for index in 0..self.choices.len() {
@@ -245,9 +246,7 @@ impl Placement {
                 .filter(|(_, note)| note.as_ref().is_some_and(|n| n.entries >= bound as usize && !n.may_hold(asking)))
                 .map(|(pool, _)| pool.name.clone())
                 .collect();
-            if full.len() < pools.len() {
-                self.left_out[index] = full;
-            }
+            self.left_out[index] = full;
         }
     }
 
@@ -257,10 +256,16 @@ impl Placement {
         self.choices.get(index).into_iter().flatten().filter(|r| !left_out.contains(&r.pool_name))
     }
 
-    /// Reads every pool of range `index` from now on; whether any was left out
-    /// (the pools read were full: a pool noted full may have room again).
-    pub fn read_every(&mut self, index: usize) -> bool {
-        self.left_out.get_mut(index).map(std::mem::take).is_some_and(|left| !left.is_empty())
+    /// Whether the call left out pools of range `index`.
+    pub fn left_out_some(&self, index: usize) -> bool {
+        self.left_out.get(index).is_some_and(|left| !left.is_empty())
+    }
+
+    /// Reads every pool of range `index` from now on.
+    fn read_every(&mut self, index: usize) {
+        if let Some(left) = self.left_out.get_mut(index) {
+            left.clear();
+        }
     }
 
     /// Whether any range is sliced.

@@ -164,9 +164,11 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     placement.leave_out_full(config, asking, &|pools| store.pool_notes(pools));
     let assignments = loop {
         match ipam::allocate(engine, store, config, &placement, who, guide.as_ref(), deadline) {
-            // The pools it read are full, and it left out some its node noted
-            // full: it reads them all before it claims a slice.
-            Err(ipam::IpamError::SlicesFull { range_index, .. }) if placement.read_every(range_index) => {}
+            // The pools it read are full, and it left out those its node
+            // noted at the bound: another slice, else all of them past it.
+            Err(ipam::IpamError::SlicesFull { range_index, .. }) if placement.left_out_some(range_index) => {
+                placement.claim_past_bound(engine, store, config, range_index, deadline)?
+            }
             // The node's slices are full: it claims another and tries again.
             Err(ipam::IpamError::SlicesFull { range_index, at_bound: false, .. }) => placement.claim(engine, store, config, range_index, deadline)?,
             // Its slices hold `node_slice_max_entries`: another if one is free.

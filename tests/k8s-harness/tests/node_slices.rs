@@ -278,16 +278,23 @@ fn an_add_reads_only_the_pool_of_its_node_under_the_bound_not_the_full_ones() {
         on_node("ADD", &conf, "node-a", &format!("a{i}")).run(&thereabouts_bin()).expect_ok("ADD under a bound");
     };
 
-    (0..7).for_each(add);
+    // A pool read is a LIST by name, which the apiserver counts as a GET.
+    let pools_read = |i: usize| {
+        let before = metrics.requests().unwrap();
+        add(i);
+        let during = metrics.requests().unwrap().since(&before);
+        (during.of("GET", "ippools", "200") + during.of("LIST", "ippools", "200"), during.lines())
+    };
+
+    (0..6).for_each(add);
+    assert_eq!(node_pool_entries(&objects, "node-a"), [2, 2, 2], "three slices at the bound");
+    let (reads, requests) = pools_read(6);
+    assert_eq!(reads, 1.0, "noted full: it claims the fourth slice and reads its pool alone: {requests:?}");
+    let (reads, requests) = pools_read(7);
+    assert_eq!(reads, 1.0, "the fourth slice's pool alone: {requests:?}");
     let mut entries = node_pool_entries(&objects, "node-a");
     entries.sort();
-    assert_eq!(entries, [1, 2, 2, 2], "three slices at the bound, the fourth filling");
-    let before = metrics.requests().unwrap();
-    add(7);
-    let during = metrics.requests().unwrap().since(&before);
-    // A read by name, which the apiserver counts as a GET.
-    let reads = during.of("GET", "ippools", "200") + during.of("LIST", "ippools", "200");
-    assert_eq!(reads, 1.0, "one pool read, not four: {:?}", during.lines());
+    assert_eq!(entries, [2, 2, 2, 2]);
 }
 
 /// node → slices held, from `layout`'s slice objects.
