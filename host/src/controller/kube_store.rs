@@ -6,9 +6,15 @@
 //!   removes it (`patch::update`), so an entry an ADD took over since is left;
 //! - a DELETE of a reservation with its UID and `resourceVersion` as
 //!   preconditions.
+//!
+//! A delete pass reads only the pools its pods' entries lay in at the last
+//! read of every pool ([`PodPools`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::{StreamExt, stream};
 
 use http::Method;
 use serde_json::{Value, json};
@@ -47,24 +53,101 @@ pub enum Written {
     ChangedMeanwhile,
 }
 
+/// Pools read by name at once in a delete pass.
+const POOL_GETS_AT_ONCE: usize = 16;
+
 pub struct KubeStore {
     pub api: Api,
     pub namespace: String,
+    /// Where each pod's entries lay when every pool was last read.
+    pod_pools: Mutex<Option<PodPools>>,
+}
+
+/// Which pools held entries of each pod at the last read of every pool, so
+/// that a delete pass reads those pools by name instead of paging through
+/// every pool of the namespace (at 150 000 pods in 5 000 node pools: 39
+/// pages, 4 s of a 5 s delete-to-free). Pods are keyed by a 64-bit hash: two
+/// pods sharing one only make a pass read a pool more. An entry made after
+/// that read for a pod the index knows (a second attachment) is not seen by
+/// a delete pass; the next full pass frees it.
+#[derive(Default)]
+struct PodPools {
+    pools: Vec<Arc<str>>,
+    by_pod: HashMap<u64, Vec<u32>>,
+}
+
+/// FNV-1a: stable, and cheap at 150 000 pods.
+fn pod_key(pod_ref: &str) -> u64 {
+    pod_ref.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl PodPools {
+    fn add(&mut self, pool: &str, entries: &[thereabouts_allocator::model::Allocation]) {
+        let index = self.pools.len() as u32;
+        self.pools.push(pool.into());
+        for entry in entries {
+            let pools = self.by_pod.entry(pod_key(&entry.pod_ref)).or_default();
+            if pools.last() != Some(&index) {
+                pools.push(index);
+            }
+        }
+    }
+
+    /// The pools that held entries of `pods`; `None` when one of them held
+    /// none (it may have been made since, so every pool is read).
+    fn of(&self, pods: &BTreeSet<String>) -> Option<BTreeSet<Arc<str>>> {
+        let mut names = BTreeSet::new();
+        for pod in pods {
+            names.extend(self.by_pod.get(&pod_key(pod))?.iter().filter_map(|i| self.pools.get(*i as usize).cloned()));
+        }
+        Some(names)
+    }
 }
 
 impl KubeStore {
-    /// Everything the namespace holds; nothing where the CRDs are not
-    /// installed (a cluster on the etcd datastore).
+    pub fn new(api: Api, namespace: String) -> Self {
+        KubeStore { api, namespace, pod_pools: Mutex::new(None) }
+    }
+
+    /// Everything the namespace holds (`only`: of these pods); nothing
+    /// where the CRDs are not installed (a cluster on the etcd datastore).
     pub async fn read(&self, only: Option<&BTreeSet<String>>) -> Result<Holdings, ApiError> {
-        match self.read_all(only).await {
+        let named = only.and_then(|pods| self.pod_pools.lock().ok()?.as_ref()?.of(pods));
+        let read = match named {
+            Some(names) => self.read_named(&names, only).await,
+            None => self.read_all(only).await,
+        };
+        match read {
             Err(e) if e.code() == Some(404) => Ok(Holdings::default()),
             read => read,
         }
     }
 
+    /// The pools `names` (one GET each, [`POOL_GETS_AT_ONCE`] at a time; a
+    /// pool gone since holds nothing) and the reservations.
+    async fn read_named(&self, names: &BTreeSet<Arc<str>>, only: Option<&BTreeSet<String>>) -> Result<Holdings, ApiError> {
+        let gets = names.iter().map(|name| async move { (name, self.api.get::<Value>(&crd::object_path(&self.namespace, IPPOOLS, name)).await) });
+        let answers: Vec<_> = stream::iter(gets).buffer_unordered(POOL_GETS_AT_ONCE).collect().await;
+        let mut held = Holdings::default();
+        for (name, answer) in answers {
+            let object = match answer {
+                Ok(object) => object,
+                Err(e) if e.code() == Some(404) => continue,
+                Err(e) => return Err(e),
+            };
+            match crd::parse_pool(&object) {
+                Ok(pool) => add_pool(&mut held, name, &pool, only),
+                Err(e) => held.unreadable_pools.push(format!("IPPool {name}: {e}")),
+            }
+        }
+        self.read_reservations(&mut held, only).await?;
+        Ok(held)
+    }
+
     async fn read_all(&self, only: Option<&BTreeSet<String>>) -> Result<Holdings, ApiError> {
         let mut held = Holdings::default();
         let mut failures = Vec::new();
+        let mut index = PodPools::default();
         let seen = std::cell::Cell::new((0u128, 0u128));
         self.api
             .list_sized_pages::<Value>(
@@ -79,6 +162,7 @@ impl KubeStore {
                         Ok(pool) => {
                             let (pools, entries) = seen.get();
                             seen.set((pools + 1, entries + pool.entries.len() as u128));
+                            index.add(&name, &pool.entries);
                             add_pool(&mut held, &name, &pool, only)
                         }
                         Err(e) => failures.push(format!("IPPool {name}: {e}")),
@@ -87,6 +171,15 @@ impl KubeStore {
             )
             .await?;
         held.unreadable_pools = failures;
+        if let Ok(mut kept) = self.pod_pools.lock() {
+            *kept = Some(index);
+        }
+        self.read_reservations(&mut held, only).await?;
+        Ok(held)
+    }
+
+    /// Every reservation of the namespace (`only`: of these pods).
+    async fn read_reservations(&self, held: &mut Holdings, only: Option<&BTreeSet<String>>) -> Result<(), ApiError> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
         self.api
             .list_pages::<Value>(&crd::collection_path(&self.namespace, RESERVATIONS), RESERVATIONS_PAGE, |object| {
@@ -107,7 +200,7 @@ impl KubeStore {
                 })
             })
             .await?;
-        Ok(held)
+        Ok(())
     }
 
     /// Removes `entries` (all of one pool) in one patch; when an entry changed

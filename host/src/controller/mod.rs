@@ -124,7 +124,7 @@ pub async fn client(kubeconfig_path: Option<&std::path::Path>, identity: &str) -
 
 /// The Kubernetes datastore of `namespace`, read and written with `client`.
 pub fn kube_store(client: kube::Client, metrics: &metrics::Metrics, namespace: &str) -> store::Store {
-    store::Store::Kube(kube_store::KubeStore { api: api::Api { client, metrics: metrics.clone() }, namespace: namespace.to_string() })
+    store::Store::Kube(kube_store::KubeStore::new(api::Api { client, metrics: metrics.clone() }, namespace.to_string()))
 }
 
 /// A reconciler of `store`, reading pods with `client`.

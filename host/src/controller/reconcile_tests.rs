@@ -72,6 +72,29 @@ async fn a_pass_reads_then_frees_with_guarded_writes_after_the_lease_check() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn a_delete_pass_reads_by_name_the_pools_its_pods_held_at_the_last_read_of_every_pool() {
+    let gone = |pod: &str| Scope::Pods([pod.to_string()].into());
+    let pool = match &reads()[0] {
+        Answer::Ok(list) => Answer::Ok(list["items"][0].clone()),
+        _ => unreachable!(),
+    };
+    let mut script = reads();
+    script.extend([pool, list(vec![]), Answer::Status(404, "not found", Value::Null)]);
+    script.extend([list(vec![]), list(vec![])]);
+    let (client, log, _) = mock_api::client("kube-system", script);
+    let metrics = Metrics::new();
+    let store = super::kube_store(client.clone(), &metrics, "kube-system");
+    let reconciler = super::reconciler(client, metrics, store, "me", WriteGuard::Unguarded, std::time::Duration::from_secs(60), std::time::Duration::ZERO);
+
+    reconciler.pass(&Scope::Full, true).await.unwrap();
+    assert_eq!(reconciler.pass(&gone("default/gone"), true).await.unwrap().entries.len(), 1);
+    // A pod no pool held then: it may have an entry since, so every pool.
+    reconciler.pass(&gone("default/new"), true).await.unwrap();
+    let pool = "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools/blue-192.0.2.0-24";
+    assert_eq!(log.lines()[4..], [pool, ORIPS, "GET /api/v1/namespaces/default/pods/gone", POOLS, ORIPS]);
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn an_entry_taken_over_meanwhile_keeps_its_reservation_and_gets_no_event() {
     let mut script = reads();
     script.extend([lease("me"), Answer::Status(422, "the server rejected our request due to an error in our request", Value::Null)]);
