@@ -123,19 +123,21 @@ impl KubeStore {
         }
     }
 
-    /// The pools `names` (one GET each, [`POOL_GETS_AT_ONCE`] at a time; a
-    /// pool gone since holds nothing) and the reservations.
+    /// The pools `names` (one LIST by name each, which the controller's
+    /// `list` right allows, [`POOL_GETS_AT_ONCE`] at a time; a pool gone
+    /// since holds nothing) and the reservations.
     async fn read_named(&self, names: &BTreeSet<Arc<str>>, only: Option<&BTreeSet<String>>) -> Result<Holdings, ApiError> {
-        let gets = names.iter().map(|name| async move { (name, self.api.get::<Value>(&crd::object_path(&self.namespace, IPPOOLS, name)).await) });
+        let gets = names.iter().map(|name| async move { (name, self.api.get::<Value>(&crd::named_list_path(&self.namespace, IPPOOLS, name)).await) });
         let answers: Vec<_> = stream::iter(gets).buffer_unordered(POOL_GETS_AT_ONCE).collect().await;
         let mut held = Holdings::default();
         for (name, answer) in answers {
-            let object = match answer {
-                Ok(object) => object,
-                Err(e) if e.code() == Some(404) => continue,
-                Err(e) => return Err(e),
-            };
-            match crd::parse_pool(&object) {
+            let list = answer?;
+            let found = list
+                .get("items")
+                .and_then(Value::as_array)
+                .and_then(|items| items.iter().find(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(name)));
+            let Some(object) = found else { continue };
+            match crd::parse_pool(object) {
                 Ok(pool) => add_pool(&mut held, name, &pool, only),
                 Err(e) => held.unreadable_pools.push(format!("IPPool {name}: {e}")),
             }

@@ -74,10 +74,7 @@ async fn a_pass_reads_then_frees_with_guarded_writes_after_the_lease_check() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_delete_pass_reads_by_name_the_pools_its_pods_held_at_the_last_read_of_every_pool() {
     let gone = |pod: &str| Scope::Pods([pod.to_string()].into());
-    let pool = match &reads()[0] {
-        Answer::Ok(list) => Answer::Ok(list["items"][0].clone()),
-        _ => unreachable!(),
-    };
+    let pool = reads().remove(0);
     let mut script = reads();
     script.extend([pool, list(vec![]), Answer::Status(404, "not found", Value::Null)]);
     script.extend([list(vec![]), list(vec![])]);
@@ -90,7 +87,8 @@ async fn a_delete_pass_reads_by_name_the_pools_its_pods_held_at_the_last_read_of
     assert_eq!(reconciler.pass(&gone("default/gone"), true).await.unwrap().entries.len(), 1);
     // A pod no pool held then: it may have an entry since, so every pool.
     reconciler.pass(&gone("default/new"), true).await.unwrap();
-    let pool = "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools/blue-192.0.2.0-24";
+    // A LIST by name: the controller may list pools, not get them.
+    let pool = "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools?fieldSelector=metadata.name%3Dblue-192.0.2.0-24";
     assert_eq!(log.lines()[4..], [pool, ORIPS, "GET /api/v1/namespaces/default/pods/gone", POOLS, ORIPS]);
 }
 

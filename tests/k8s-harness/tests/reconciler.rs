@@ -115,6 +115,8 @@ fn a_pod_deleted_without_a_del_is_freed_within_seconds_with_an_event_and_a_metri
     eprintln!("delete to free: {} ms", deleted.elapsed().as_millis());
     assert_eq!((s.entries_of("stays").len(), s.reservations_of("stays")), (2, 2), "a live pod keeps its addresses");
     assert_eq!(c.metric(r#"thereabouts_addresses_freed_total{reason="pod_gone"}"#).unwrap(), 2.0);
+    // With the controller's own rights (it may list pools, not get them).
+    assert_eq!(c.metric(r#"thereabouts_reconcile_passes_total{kind="pod_delete",outcome="failed"}"#).unwrap(), 0.0);
     let events = block_on(pods::events_of(&s.cluster, "gone", "IPAddressGarbageCollected")).unwrap();
     assert_eq!(events.len(), 2, "one Event per address: {events:?}");
     assert!(events.iter().any(|e| e["message"].as_str().unwrap().contains("192.0.2.")), "{events:?}");
