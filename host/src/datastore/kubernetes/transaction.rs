@@ -457,7 +457,7 @@ impl KubeTransaction<'_> {
     /// Ends the turn this call holds, if any: later attempts go without one.
     fn end_turn(&mut self) {
         match std::mem::replace(&mut self.turn, TurnState::Without) {
-            TurnState::Holding(held) => turn::end(self.store, held),
+            TurnState::Holding(held) => turn::end(self.store, held, self.deadline.max(Instant::now() + CLEANUP_GRACE)),
             // Dropping the locks ends the node's turn.
             TurnState::Node(_) | TurnState::NotYet | TurnState::Without => {}
         }
