@@ -223,7 +223,7 @@ pub fn object(name: &str, namespace: &str, table: &SliceTable) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Pools by (node, slice): entries held; slices of 62 addresses.
@@ -250,7 +250,8 @@ mod tests {
         }
     }
 
-    fn desired() -> Desired {
+    /// 192.0.2.0/24 in four /26 slices, from NAD default/net1.
+    pub(in crate::controller) fn desired() -> Desired {
         Desired {
             name: "net1".into(),
             range: "192.0.2.0/24".into(),

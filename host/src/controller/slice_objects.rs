@@ -121,16 +121,7 @@ pub fn ops(table: &SliceTable, objects: &BTreeMap<String, SliceObject>) -> Vec<O
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn desired() -> Desired {
-        Desired {
-            name: "net1".into(),
-            range: "192.0.2.0/24".into(),
-            slice_size: "/26".into(),
-            layout: ["192.0.2.0/26", "192.0.2.64/26", "192.0.2.128/26", "192.0.2.192/26"].map(String::from).into(),
-            source: "default/net1".into(),
-        }
-    }
+    use crate::controller::layout::tests::desired;
 
     fn table(shape: Shape, held: &[(&str, &str)]) -> SliceTable {
         let mut t = layout::fresh(&desired());

@@ -31,6 +31,21 @@ enum Created {
     Taken,
 }
 
+/// The slices `node` holds in the layout object's list (none once the
+/// layout keeps slice objects alone).
+fn listed(table: &SliceTable, node: &str) -> Vec<String> {
+    match table.shape {
+        Shape::Objects => Vec::new(),
+        Shape::List | Shape::Both { .. } => table.held_by(node),
+    }
+}
+
+fn add_new(held: &mut Vec<String>, slice: String) {
+    if !held.contains(&slice) {
+        held.push(slice);
+    }
+}
+
 impl KubernetesStore {
     /// The slices `node` holds in layout `slice_pool`, from the watch cache
     /// unless `fresh`: one GET of the layout object, and, once the layout has
@@ -54,10 +69,7 @@ impl KubernetesStore {
     /// The slices this node remembers of `table`'s layout that still name it,
     /// each read by name from the watch cache; `None` when none does.
     fn recalled(&self, table: &SliceTable, slice_pool: &str, node: &str, deadline: Instant) -> Result<Option<Vec<String>>, DatastoreError> {
-        let mut held = match table.shape {
-            Shape::Both { .. } => table.held_by(node),
-            _ => Vec::new(),
-        };
+        let mut held = listed(table, node);
         let mut found = false;
         for slice in held_memory::recall(&self.lock_scope(), slice_pool, node) {
             let name = slices::slice_object_name(slice_pool, &slice);
@@ -69,9 +81,7 @@ impl KubernetesStore {
                         && o.node == node
                     {
                         found = true;
-                        if !held.contains(&o.slice) {
-                            held.push(o.slice);
-                        }
+                        add_new(&mut held, o.slice);
                     }
                 }
                 Reply::Status(s) if s.code == 404 => {}
@@ -83,19 +93,12 @@ impl KubernetesStore {
 
     /// What `node` holds of the layout read as `table`.
     fn held_in(&self, table: &SliceTable, slice_pool: &str, node: &str, fresh: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
-        let mut held = match table.shape {
-            Shape::Objects => Vec::new(),
-            Shape::List | Shape::Both { .. } => table.held_by(node),
-        };
+        let mut held = listed(table, node);
         if table.shape.has_objects() {
-            let mut objects = Vec::new();
-            for object in self.slice_objects(slice_pool, Some(node), fresh, deadline)? {
-                if object.node == node {
-                    objects.push(object.slice);
-                }
-            }
+            let objects: Vec<String> =
+                self.slice_objects(slice_pool, Some(node), fresh, deadline)?.into_iter().filter(|o| o.node == node).map(|o| o.slice).collect();
             held_memory::remember(&self.lock_scope(), slice_pool, node, &objects);
-            held.extend(objects.into_iter().filter(|s| !held.contains(s)).collect::<Vec<_>>());
+            objects.into_iter().for_each(|slice| add_new(&mut held, slice));
         }
         Ok(held)
     }

@@ -124,15 +124,9 @@ impl SliceObject {
         let Some(Value::Array(items)) = object.pointer("/status/allocations") else { return Err("status.allocations is not a list".into()) };
         let [only] = items.as_slice() else { return Err(format!("status.allocations holds {} slices, not one", items.len())) };
         let slice = text(only.get("sliceRange"));
-        let cooling: BTreeMap<String, Cooling> = object
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(COOLING_ANNOTATION))
-            .and_then(Value::as_str)
-            .and_then(|t| serde_json::from_str(t).ok())
-            .unwrap_or_default();
         Ok(SliceObject {
             name: text(object.pointer("/metadata/name")),
-            cooling: cooling.get(&slice).cloned(),
+            cooling: cooling_of(object).remove(&slice),
             slice,
             node: text(only.get("nodeName")),
             resource_version: text(object.pointer("/metadata/resourceVersion")),
@@ -158,6 +152,13 @@ impl SliceObject {
             "status": {"allocations": [{"nodeName": node, "sliceRange": slice}]},
         })
     }
+}
+
+/// The slices a `NodeSlicePool` names cooling ([`COOLING_ANNOTATION`]); none
+/// when the annotation is missing or unreadable.
+fn cooling_of(object: &Value) -> BTreeMap<String, Cooling> {
+    let annotation = object.pointer("/metadata/annotations").and_then(|a| a.get(COOLING_ANNOTATION)).and_then(Value::as_str);
+    annotation.and_then(|t| serde_json::from_str(t).ok()).unwrap_or_default()
 }
 
 /// A slice handed back: who held it, since when (Unix seconds).
@@ -192,17 +193,11 @@ impl SliceTable {
             Some(Value::Array(items)) => items.iter().map(|a| (text(a.get("nodeName")), text(a.get("sliceRange")))).collect(),
             Some(_) => return Err("status.allocations is not a list".into()),
         };
-        let cooling = object
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(COOLING_ANNOTATION))
-            .and_then(Value::as_str)
-            .and_then(|t| serde_json::from_str(t).ok())
-            .unwrap_or_default();
         Ok(SliceTable {
             range: text(spec.get("range")),
             slice_size: text(spec.get("sliceSize")),
             allocations,
-            cooling,
+            cooling: cooling_of(object),
             resource_version: text(object.pointer("/metadata/resourceVersion")),
             uid: text(object.pointer("/metadata/uid")),
             shape: Shape::of_annotation(object.pointer("/metadata/annotations").and_then(|a| a.get(SLICE_OBJECTS_ANNOTATION)).and_then(Value::as_str)),
