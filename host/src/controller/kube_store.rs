@@ -76,9 +76,8 @@ struct PodPools {
     by_pod: HashMap<u64, Vec<u32>>,
 }
 
-/// FNV-1a: stable, and cheap at 150 000 pods.
 fn pod_key(pod_ref: &str) -> u64 {
-    pod_ref.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
+    crate::datastore::pool_note::fnv1a(pod_ref.as_bytes())
 }
 
 impl PodPools {

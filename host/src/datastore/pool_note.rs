@@ -8,8 +8,8 @@
 //! A hint, never what correctness rests on: every address is still planned on
 //! a read and committed with its entry tests. A note can be stale in only two
 //! ways. Fewer entries than noted (the controller freed some): the ADD leaves
-//! out a pool with room, finds the pools it read full, and reads them all
-//! before it claims a slice. A holder not noted: only the node's own calls add
+//! out a pool with room and may claim a slice early (it reads them all only
+//! when no slice is free). A holder not noted: only the node's own calls add
 //! entries to its slice pools, and each notes what it wrote.
 
 use std::collections::BTreeSet;
@@ -24,10 +24,17 @@ pub struct PoolNote {
     holders: BTreeSet<u64>,
 }
 
-/// A 64-bit FNV-1a hash of a holder's pod (`p`) or container (`c`): two
-/// holders sharing one only make an ADD read a pool it could have left out.
+/// 64-bit FNV-1a: stable across processes and builds, and cheap, for keys
+/// where a collision only costs a read more (here and the controller's index
+/// of pods' pools).
+pub fn fnv1a<'a>(bytes: impl IntoIterator<Item = &'a u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The hash of a holder's pod (`p`) or container (`c`): two holders sharing
+/// one only make an ADD read a pool it could have left out.
 fn holder_key(kind: u8, text: &str) -> u64 {
-    [kind, b':'].iter().chain(text.as_bytes()).fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
+    fnv1a([kind, b':'].iter().chain(text.as_bytes()))
 }
 
 impl PoolNote {
