@@ -240,9 +240,14 @@ fn a_node_pool_at_node_slice_max_entries_makes_the_node_claim_another_slice_and_
     conf["ipam"]["node_slice_size"] = json!("/28");
     conf["ipam"]["node_slice_max_entries"] = json!(3);
     block_on(controller::create_nad(&cluster, "green", &conf)).unwrap();
-    let _controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
+    let controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
     wait_until("both nodes hold a slice", Duration::from_secs(30), Duration::from_millis(200), || {
         every_node_holds_one(&objects, "green", &["node-a", "node-b"])
+    });
+    // The ADDs' pods have no Pod objects: the controller's first full pass
+    // would free their entries had it come after them (the next is minutes away).
+    wait_until("the controller's first full pass", Duration::from_secs(30), Duration::from_millis(200), || {
+        controller.metric(r#"thereabouts_reconcile_passes_total{kind="full",outcome="ok"}"#).unwrap_or(0.0) >= 1.0
     });
     let add = |i: usize| {
         on_node("ADD", &conf, "node-a", &format!("a{i}")).run(&thereabouts_bin()).expect_ok("ADD under a bound");
