@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment, same_holder};
 use thereabouts_allocator::model::{
-    self, Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, Request, Reservations,
+    self, Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, RangesAllocation, Request, Reservations,
 };
 
 use crate::component::{EngineComponent, EngineFailure};
@@ -436,9 +436,22 @@ fn release_in(
     Ok(removed)
 }
 
+/// What a DEL found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// Entries this call's writes removed.
+    pub removed: usize,
+    /// Whether its first read found the attachment's entries in as many ranges
+    /// as an ADD gives it (one with `first_available`): its ADD completed, so
+    /// nothing of it lies outside the pools read. When not, a DEL that read the
+    /// slices its node remembers reads every slice, and the datastore looks for
+    /// reservations a failed ADD left ([`Transaction::free_leftovers`]).
+    pub found_all: bool,
+}
+
 /// DEL: forgets the attachment's entries in every pool the config's ranges may
 /// have given it (each of this node's slices, with node slices). Nothing to
-/// forget is success. Returns how many entries were removed.
+/// forget is success.
 pub fn release(
     engine: &mut EngineComponent,
     store: &dyn Datastore,
@@ -446,7 +459,12 @@ pub fn release(
     placement: &Placement,
     who: Attachment,
     deadline: Instant,
-) -> Result<usize, IpamError> {
+) -> Result<Released, IpamError> {
+    // One entry per range of the config as written (its slices are ranges of the expanded one).
+    let ranges_held = match config.ip_ranges_allocation {
+        RangesAllocation::FirstAvailable => 1,
+        RangesAllocation::All => config.ranges.len(),
+    };
     let config = &placement.expanded(config);
     let pools = placement.pools();
     let reserving = reserves(store, config);
@@ -460,7 +478,12 @@ pub fn release(
     // later read finds an entry gone (a DEL of its group removed it, see
     // `Transaction::release_together`), the reservation is still this DEL's to drop.
     let mut first_planned: Vec<(PoolId, Change)> = Vec::new();
+    let mut found_first: Option<usize> = None;
     let removed = until_committed(tx.as_mut(), &pools, store.capabilities().conflict_pauses, deadline, "DEL", |loaded, _, queued| {
+        found_first.get_or_insert_with(|| {
+            let mine = |e: &&Allocation| e.container_id == who.container_id && e.ifname == who.ifname;
+            pools.iter().map(|pool| entries_of(loaded, &pool.name).iter().filter(mine).count()).sum()
+        });
         let mut changes = Changes::new();
         let mut removed = 0;
         in_use.clear();
@@ -502,7 +525,10 @@ pub fn release(
         let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(loaded) };
         Ok((removed, updates))
     })?;
-    if reserving {
+    let found_all = found_first.unwrap_or(0) >= ranges_held;
+    // With some slices only, the caller looks again in every slice, and that
+    // release looks for the leftovers.
+    if reserving && !found_all && !placement.some_slices() {
         let leftovers = tx.free_leftovers(&in_use)?;
         if leftovers > 0 {
             crate::logging::verbose(format!(
@@ -511,7 +537,7 @@ pub fn release(
             ));
         }
     }
-    Ok(removed)
+    Ok(Released { removed, found_all })
 }
 
 /// CHECK: the attachment's entry in each range of the config, with the range
@@ -755,8 +781,29 @@ mod tests {
         let placement = Placement::whole(&config);
         let removed =
             release(&mut engine, &store, &config, &placement, Attachment { container_id: "c1", ifname: "eth0" }, Instant::now() + Duration::from_secs(10));
-        assert_eq!(removed.unwrap(), 1);
+        assert_eq!(removed.unwrap().removed, 1);
         assert_eq!(store.committed.borrow()[0].changes, [Change::Remove { offset: 5 }, Change::Remove { offset: 6 }]);
+    }
+
+    /// A DEL that finds its attachment's entries asks for no leftover
+    /// reservations (Kubernetes: a LIST that walks every reservation of the
+    /// namespace); one that finds none does.
+    #[test]
+    fn a_del_looks_for_leftover_reservations_only_when_it_misses_an_entry() {
+        let mut engine = crate::component::test_engine();
+        let stdin = r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","datastore":"file","range":"192.0.2.0/24"}}"#;
+        let config = engine.normalize(stdin, None, "").unwrap().unwrap();
+        let entry = |cid: &str| Allocation { offset: 5, container_id: cid.into(), pod_ref: String::new(), ifname: "eth0".into() };
+        for (holder, asked) in [("c1", 0), ("c2", 1)] {
+            let store = Scripted {
+                pool: Pool { version: Version("3".into()), entries: vec![entry(holder)], ..Pool::default() },
+                reservations: true,
+                ..scripted(vec![Ok(Outcome::Committed)])
+            };
+            let who = Attachment { container_id: "c1", ifname: "eth0" };
+            let released = release(&mut engine, &store, &config, &Placement::whole(&config), who, Instant::now() + Duration::from_secs(10)).unwrap();
+            assert_eq!((released.found_all, store.leftovers_asked.get()), (asked == 0, asked), "entry of {holder}");
+        }
     }
 
     /// A store whose loads show `pool` and whose commits answer from a
@@ -768,6 +815,9 @@ mod tests {
         answers: RefCell<Vec<Result<Outcome, DatastoreError>>>,
         committed: RefCell<Vec<PoolUpdate>>,
         ended: Cell<u32>,
+        /// Whether it keeps reservations, and how often a DEL asked it for leftovers.
+        reservations: bool,
+        leftovers_asked: Cell<u32>,
     }
 
     struct ScriptedTx<'a>(&'a Scripted);
@@ -786,6 +836,10 @@ mod tests {
         fn queued_releases(&mut self) -> Vec<model::Attachment> {
             self.0.queued.clone()
         }
+        fn free_leftovers(&mut self, _in_use: &[String]) -> Result<usize, DatastoreError> {
+            self.0.leftovers_asked.set(self.0.leftovers_asked.get() + 1);
+            Ok(0)
+        }
     }
 
     impl Drop for ScriptedTx<'_> {
@@ -799,7 +853,11 @@ mod tests {
             "scripted".into()
         }
         fn capabilities(&self) -> crate::datastore::Capabilities {
-            crate::datastore::Capabilities::NODE_LOCAL
+            if self.reservations {
+                crate::datastore::Capabilities::shared(crate::datastore::retry::DEFAULT_PAUSES)
+            } else {
+                crate::datastore::Capabilities::NODE_LOCAL
+            }
         }
         fn check_usable(&self, _deadline: Instant) -> Result<(), DatastoreError> {
             Ok(())
@@ -810,7 +868,15 @@ mod tests {
     }
 
     fn scripted(answers: Vec<Result<Outcome, DatastoreError>>) -> Scripted {
-        Scripted { pool: Pool::default(), queued: Vec::new(), answers: RefCell::new(answers), committed: RefCell::new(Vec::new()), ended: Cell::new(0) }
+        Scripted {
+            pool: Pool::default(),
+            queued: Vec::new(),
+            answers: RefCell::new(answers),
+            committed: RefCell::new(Vec::new()),
+            ended: Cell::new(0),
+            reservations: false,
+            leftovers_asked: Cell::new(0),
+        }
     }
 
     fn one_update() -> Vec<PoolUpdate> {

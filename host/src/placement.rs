@@ -11,7 +11,7 @@ use thereabouts_allocator::model::{NormalizedConfig, NormalizedRange};
 
 use crate::component::{EngineComponent, EngineFailure};
 use crate::datastore::pool_note::PoolNote;
-use crate::datastore::{Datastore, DatastoreError, PoolId, SliceCandidates};
+use crate::datastore::{Datastore, DatastoreError, NodeSlices, PoolId, SliceCandidates};
 use crate::ipam::IpamError;
 use crate::node_name;
 
@@ -65,13 +65,22 @@ pub struct Placement {
     /// as its node noted them at the bound without the asking pod
     /// ([`Placement::leave_out_full`]).
     left_out: Vec<Vec<String>>,
+    /// Some range's slices are those the node remembers, maybe not all it
+    /// holds (read with [`Claims::Remembered`] or [`Claims::Allowed`]).
+    some_slices: bool,
 }
 
 /// Whether a call may claim a slice for its node when it holds none (ADD) or
-/// only reads what the node holds (every other command).
+/// only reads what the node holds (every other command), and how it finds
+/// what the node holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claims {
+    /// ADD: the slices the node remembers (read by name), a claim when none has room.
     Allowed,
+    /// A DEL's first look: the slices the node remembers, no claim. What a
+    /// DEL does not find there it looks for in every slice (see `cni::commands`).
+    Remembered,
+    /// CHECK, and a DEL's second look: every slice the node holds (a LIST).
     None,
 }
 
@@ -84,6 +93,7 @@ impl Placement {
             node: None,
             past_bound: vec![false; config.ranges.len()],
             left_out: vec![Vec::new(); config.ranges.len()],
+            some_slices: false,
         }
     }
 
@@ -102,24 +112,27 @@ impl Placement {
         let node = node_name::discover(config.configuration_path.as_deref())
             .map_err(|e| DatastoreError::Unconfigured { field: "NODENAME", message: e.to_string() })?;
         let mut choices = Vec::with_capacity(config.ranges.len());
+        let mut some_slices = false;
         for range in &config.ranges {
             let Some(slicing) = &range.node_slicing else {
                 choices.push(vec![range.clone()]);
                 continue;
             };
-            // A DEL or CHECK looks in every slice of the node; an ADD needs one with room.
+            // A CHECK looks in every slice of the node; an ADD needs one with room.
             let every = claims == Claims::None;
             let read = |fresh| match store.node_slices(&slicing.slice_pool, &node, fresh, every, deadline) {
                 // No NodeSlicePool: nothing of this range is on this node. A DEL
                 // (or CHECK) then has nothing to free there; an ADD fails below.
-                Err(DatastoreError::NoSlice { .. }) if claims == Claims::None => Ok(Vec::new()),
+                Err(DatastoreError::NoSlice { .. }) if claims != Claims::Allowed => Ok(NodeSlices { slices: Vec::new(), all: true }),
                 other => other,
             };
-            let mut slices = read(false)?;
-            if slices.is_empty() {
+            let mut found = read(false)?;
+            if found.slices.is_empty() {
                 // The cache may not have seen the controller's assignment yet.
-                slices = read(true)?;
+                found = read(true)?;
             }
+            some_slices |= !found.all;
+            let slices = found.slices;
             let mut ranges = Vec::with_capacity(slices.len());
             for slice in &slices {
                 match engine.slice_of_range(range, &config.network_name, &node, slice).map_err(EngineFailure)? {
@@ -132,7 +145,7 @@ impl Placement {
         }
         let sliced = config.ranges.iter().map(|r| r.node_slicing.is_some()).collect();
         let n = config.ranges.len();
-        let mut placement = Placement { choices, sliced, node: Some(node), past_bound: vec![false; n], left_out: vec![Vec::new(); n] };
+        let mut placement = Placement { choices, sliced, node: Some(node), past_bound: vec![false; n], left_out: vec![Vec::new(); n], some_slices };
         if claims == Claims::Allowed {
             for index in 0..config.ranges.len() {
                 if placement.choices[index].is_empty() {
@@ -190,7 +203,13 @@ impl Placement {
             .map(|(range, held)| held.iter().filter_map(|s| thereabouts_allocator::slices::in_slice(range, &config.network_name, node, s).ok()).collect())
             .collect();
         let n = config.ranges.len();
-        Placement { choices, sliced: vec![true; n], node: Some(node.into()), past_bound: vec![false; n], left_out: vec![Vec::new(); n] }
+        Placement { choices, sliced: vec![true; n], node: Some(node.into()), past_bound: vec![false; n], left_out: vec![Vec::new(); n], some_slices: false }
+    }
+
+    /// Whether some range's slices are only those the node remembers: a DEL
+    /// that did not find all it looked for should look in every slice.
+    pub fn some_slices(&self) -> bool {
+        self.some_slices
     }
 
     /// The entries a pool of range `index` may hold before the node prefers

@@ -230,9 +230,17 @@ pub fn build_result(config: &NormalizedConfig, assignments: &[Assignment]) -> Re
 
 fn del(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<(), CniError> {
     let deadline = deadline(retry::OTHER_BUDGET);
-    let placement = Placement::resolve(engine, store, config, Claims::None, deadline)?;
-    let removed = ipam::release(engine, store, config, &placement, who, deadline)?;
-    logging::verbose(format!("DEL {}/{}: released {removed} allocation(s)", who.container_id, who.ifname));
+    // The slices the node remembers first: at thousands of nodes a LIST of a
+    // node's slice objects walks all of them, and a scale-down sends a
+    // thousand DELs at once. Only a DEL that finds less than its ADD gave (a
+    // repeated DEL, a failed ADD, a node that forgot) looks in every slice.
+    let placement = Placement::resolve(engine, store, config, Claims::Remembered, deadline)?;
+    let mut released = ipam::release(engine, store, config, &placement, who, deadline)?;
+    if !released.found_all && placement.some_slices() {
+        let placement = Placement::resolve(engine, store, config, Claims::None, deadline)?;
+        released.removed += ipam::release(engine, store, config, &placement, who, deadline)?.removed;
+    }
+    logging::verbose(format!("DEL {}/{}: released {} allocation(s)", who.container_id, who.ifname, released.removed));
     Ok(())
 }
 

@@ -131,11 +131,7 @@ impl KubeStore {
         let mut held = Holdings::default();
         for (name, answer) in answers {
             let list = answer?;
-            let found = list
-                .get("items")
-                .and_then(Value::as_array)
-                .and_then(|items| items.iter().find(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(name)));
-            let Some(object) = found else { continue };
+            let Some(object) = crd::named_item(&list, name) else { continue };
             match crd::parse_pool(object) {
                 Ok(pool) => add_pool(&mut held, name, &pool, only),
                 Err(e) => held.unreadable_pools.push(format!("IPPool {name}: {e}")),

@@ -265,6 +265,15 @@ pub enum Purpose<'a> {
     Release { container_id: &'a str, ifname: &'a str },
 }
 
+/// The slices of a layout a node holds, as a store found them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeSlices {
+    pub slices: Vec<String>,
+    /// Whether these are all the node holds; else some of them (those the
+    /// node remembers, read by name).
+    pub all: bool,
+}
+
 /// Why a commit did not apply, and the cycle should read again, plan again and
 /// commit again (how soon is the caller's retry policy, `ipam`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,9 +326,9 @@ pub trait Datastore {
     /// `node` holds, in the pool's order. A store may answer from a cache;
     /// `fresh` asks for a read that sees every write completed before the call
     /// (after a cached read found none). Without `every`, a store may answer
-    /// with some of them (an ADD needs one with room; a DEL needs them all).
-    /// Only Kubernetes keeps node slices.
-    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
+    /// with some of them (an ADD needs one with room; a DEL first looks in
+    /// those) and says so. Only Kubernetes keeps node slices.
+    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<NodeSlices, DatastoreError> {
         let _ = (slice_pool, node, fresh, every, deadline);
         Err(no_node_slices(self))
     }

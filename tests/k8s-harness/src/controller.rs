@@ -129,10 +129,7 @@ pub fn wait_for_layout(objects: &Objects, pools: usize, nodes: usize, limit: Dur
 
 /// A Node object with no kubelet behind it.
 pub async fn add_node(cluster: &Cluster, name: &str) -> Result<()> {
-    let nodes: Api<Node> = Api::all(cluster.admin_client().await?);
-    let node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))?;
-    nodes.create(&PostParams::default(), &node).await.with_context(|| format!("creating node {name}"))?;
-    Ok(())
+    crate::pod_fleet::create_node(Api::all(cluster.admin_client().await?), name.to_string()).await
 }
 
 pub async fn remove_node(cluster: &Cluster, name: &str) -> Result<()> {

@@ -53,6 +53,7 @@ pub mod log_stats;
 pub mod node;
 pub mod peers;
 pub mod plugin;
+pub mod pod_fleet;
 pub mod pods;
 mod process;
 pub mod report;

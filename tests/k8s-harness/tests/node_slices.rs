@@ -327,7 +327,7 @@ fn a_range_of_more_than_4096_slices_keeps_each_held_slice_in_a_small_object_of_i
     conf["ipam"]["node_slice_size"] = json!("/78");
     conf["ipam"]["node_slice_max_entries"] = json!(2);
     block_on(controller::create_nad(&cluster, "wide", &conf)).unwrap();
-    let _controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
+    let controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &tmp.path().join("controller.log")).unwrap();
     wait_until("every node holds a slice object", Duration::from_secs(60), Duration::from_millis(200), || {
         let held = object_holders(&objects, "wide");
         nodes.iter().all(|n| held.get(*n).is_some_and(|s| s.len() == 1))
@@ -351,10 +351,26 @@ fn a_range_of_more_than_4096_slices_keeps_each_held_slice_in_a_small_object_of_i
     assert_eq!(entries, [1, 2, 2], "no pool past the bound");
     let largest = objects.list(SLICE_POOLS).unwrap().values().map(|o| o.to_string().len()).max().unwrap();
     assert!(largest < 1024, "the largest NodeSlicePool is {largest} bytes");
+
+    // From here only the plugin lists. A LIST by label walks every object of
+    // its kind in the apiserver's cache: a DEL that finds its entries in the
+    // slices its node remembers sends none; one that finds nothing (repeated)
+    // lists the node's slices and the reservations a failed ADD may have left.
+    drop(controller);
+    let metrics = Metrics::admin(&cluster).unwrap();
+    let del_lists = |pod: &str| {
+        let before = metrics.requests().unwrap();
+        on_node("DEL", &conf, "node-a", pod).run(&thereabouts_bin()).expect_ok("DEL on a range of slice objects");
+        let during = metrics.requests().unwrap().since(&before);
+        ((during.of("LIST", SLICE_POOLS, "200"), during.of("LIST", RESERVATIONS, "200")), during.lines())
+    };
     for i in 0..5 {
-        on_node("DEL", &conf, "node-a", &format!("a{i}")).run(&thereabouts_bin()).expect_ok("DEL on a range of slice objects");
+        let (lists, requests) = del_lists(&format!("a{i}"));
+        assert_eq!(lists, (0.0, 0.0), "DEL of a{i}: {requests:?}");
     }
     assert_eq!(entries_left(&objects), 0);
+    let (lists, requests) = del_lists("a0");
+    assert_eq!(lists, (1.0, 1.0), "a repeated DEL: {requests:?}");
 }
 
 #[test]

@@ -44,6 +44,13 @@ pub fn named_list_path(namespace: &str, plural: &str, name: &str) -> String {
     format!("{}?fieldSelector={}", collection_path(namespace, plural), escape(&format!("metadata.name={name}")))
 }
 
+/// The object named `name` in the answer to [`named_list_path`] (an empty list
+/// when there is none; the field selector makes any other item a server's bug,
+/// so only the name is trusted).
+pub fn named_item<'a>(list: &'a Value, name: &str) -> Option<&'a Value> {
+    list.get("items")?.as_array()?.iter().find(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+}
+
 /// Percent-encodes everything but unreserved URL characters. Valid object names
 /// never need it; an invalid one (a `network_name` with `/`, say) must still
 /// reach the apiserver as one path segment and be rejected there by name.
@@ -270,6 +277,14 @@ mod tests {
             named_list_path("ns", IPPOOLS, "192.0.2.0-24"),
             "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/ns/ippools?fieldSelector=metadata.name%3D192.0.2.0-24"
         );
+    }
+
+    #[test]
+    fn a_list_by_name_yields_only_the_object_of_that_name() {
+        let list = serde_json::json!({"items": [{"metadata": {"name": "other"}}, {"metadata": {"name": "a"}, "spec": {}}]});
+        assert_eq!(named_item(&list, "a"), Some(&list["items"][1]));
+        assert_eq!(named_item(&list, "b"), None);
+        assert_eq!(named_item(&serde_json::json!({"kind": "Status"}), "a"), None);
     }
 
     #[test]

@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 use super::client_runtime::ClientRuntime;
 use super::failure::Class;
 use super::retry::{self, Backoff};
-use super::{Capabilities, Datastore, DatastoreError, PoolId, Purpose, Transaction};
+use super::{Capabilities, Datastore, DatastoreError, NodeSlices, PoolId, Purpose, Transaction};
 use crate::logging;
 use crd::{IPPOOLS, NODE_SLICE_POOLS, RESERVATIONS};
 use slices::SliceTable;
@@ -368,7 +368,7 @@ impl Datastore for KubernetesStore {
 
     /// One GET of the `NodeSlicePool`, from the watch cache unless `fresh`,
     /// and a LIST of the node's slice objects when the layout has them.
-    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
+    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<NodeSlices, DatastoreError> {
         self.held_slices(slice_pool, node, fresh, every, deadline)
     }
 

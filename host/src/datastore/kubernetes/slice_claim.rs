@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use super::crd::{self, NODE_SLICE_POOLS};
 use super::slices::{self, Shape, SliceObject, SliceTable};
 use super::{JSON, JSON_PATCH, KubernetesStore, Reply, held_memory, node_turn};
-use crate::datastore::{DatastoreError, SliceCandidates};
+use crate::datastore::{DatastoreError, NodeSlices, SliceCandidates};
 use crate::logging;
 
 /// Creates tried at slices picked in turn before a claim lists which slices
@@ -54,16 +54,16 @@ impl KubernetesStore {
     /// Unless `every` slice is asked for (a DEL must find every entry of its
     /// node), the slices this node remembers are read by name instead
     /// ([`held_memory`]): an ADD needs a slice of its node, not all of them.
-    pub(super) fn held_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<Vec<String>, DatastoreError> {
+    pub(super) fn held_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<NodeSlices, DatastoreError> {
         let table = self.slice_table(slice_pool, node, fresh, deadline)?;
         if table.shape.has_objects()
             && !every
             && !fresh
             && let Some(held) = self.recalled(&table, slice_pool, node, deadline)?
         {
-            return Ok(held);
+            return Ok(NodeSlices { slices: held, all: false });
         }
-        self.held_in(&table, slice_pool, node, fresh, deadline)
+        Ok(NodeSlices { slices: self.held_in(&table, slice_pool, node, fresh, deadline)?, all: true })
     }
 
     /// The slices this node remembers of `table`'s layout that still name it,

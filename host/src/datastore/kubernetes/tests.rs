@@ -330,8 +330,18 @@ fn del_frees_its_entries_reservations_and_its_leftovers_but_not_what_its_pod_sti
     let (s, log, _) = store(
         "ns",
         vec![
+            listed(&p, "10", "12", json!({"1": entry("c1", "a"), "5": entry("c2", "a")})),
+            listed(&q, "11", "12", json!({"1": entry("c1", "a")})),
+            ok(),
+            ok(),
+            // Each reservation of an entry is read by name, then deleted by its UID.
+            Answer::Ok(labelled("192.0.2.1", "u1", &mine)),
+            ok(),
+            // Not labelled for this attachment (whereabouts made it, or an earlier container).
+            Answer::Ok(json!({"metadata": {"name": "198.51.100.1", "uid": "w1"}, "spec": {"podref": "default/a", "ifname": "eth0"}})),
+            ok(),
+            // The leftovers: one LIST by label, asked for after the commit.
             Answer::Ok(json!({"items": [
-                labelled("192.0.2.1", "u1", &mine),
                 // Left by an ADD of this attachment that failed.
                 labelled("192.0.2.9", "u9", &alloc(9, "c1", "a")),
                 // Its address now held by the pod's newer container (c2 adopted the entry).
@@ -339,14 +349,6 @@ fn del_frees_its_entries_reservations_and_its_leftovers_but_not_what_its_pod_sti
                 // Same label value (a hash), another attachment: not ours.
                 labelled("192.0.2.7", "u7", &alloc(7, "c7", "q")),
             ]})),
-            listed(&p, "10", "12", json!({"1": entry("c1", "a"), "5": entry("c2", "a")})),
-            listed(&q, "11", "12", json!({"1": entry("c1", "a")})),
-            ok(),
-            ok(),
-            ok(),
-            // Not labelled for this attachment (whereabouts made it, or an earlier container): read first.
-            Answer::Ok(json!({"metadata": {"name": "198.51.100.1", "uid": "w1"}, "spec": {"podref": "default/a", "ifname": "eth0"}})),
-            ok(),
             ok(),
         ],
     );
@@ -363,28 +365,28 @@ fn del_frees_its_entries_reservations_and_its_leftovers_but_not_what_its_pod_sti
     assert_eq!(
         log.lines(),
         [
-            format!("GET {API}/overlappingrangeipreservations?labelSelector=thereabouts.cni.dev%2Fattachment%3D{}", crd::attachment_label("c1", "eth0")),
             format!("GET {}", list_path(&p)),
             format!("GET {}", list_path(&q)),
             format!("PATCH {API}/ippools/192.0.2.0-24"),
             format!("PATCH {API}/ippools/198.51.100.0-24"),
-            // Listed: deleted without a second read.
+            reservation("GET", "192.0.2.1"),
             reservation("DELETE", "192.0.2.1"),
             reservation("GET", "198.51.100.1"),
             reservation("DELETE", "198.51.100.1"),
+            format!("GET {API}/overlappingrangeipreservations?labelSelector=thereabouts.cni.dev%2Fattachment%3D{}", crd::attachment_label("c1", "eth0")),
             // The leftover; not 192.0.2.5, which the pod still uses.
             reservation("DELETE", "192.0.2.9"),
         ]
     );
     assert_eq!(
-        log.body(3),
+        log.body(2),
         json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": "10"},
             {"op": "test", "path": "/spec/allocations/1/id", "value": "c1"},
             {"op": "remove", "path": "/spec/allocations/1"}
         ])
     );
-    assert_eq!([log.body(5), log.body(7), log.body(8)], [uid_precondition("u1"), uid_precondition("w1"), uid_precondition("u9")]);
+    assert_eq!([log.body(5), log.body(7), log.body(9)], [uid_precondition("u1"), uid_precondition("w1"), uid_precondition("u9")]);
 }
 
 #[test]
@@ -723,7 +725,7 @@ fn slice_objects(held: &[(&str, &str)]) -> Answer {
 #[test]
 fn with_slice_objects_a_node_lists_its_own_by_label_from_the_cache() {
     let (s, log, _) = store("ns", vec![layout_of_objects("true", json!([])), slice_objects(&[("a", "192.0.2.128/26")])]);
-    assert_eq!(s.node_slices("net1", "a", false, true, deadline()).unwrap(), ["192.0.2.128/26"]);
+    assert_eq!(s.node_slices("net1", "a", false, true, deadline()).unwrap().slices, ["192.0.2.128/26"]);
     assert_eq!(
         log.lines()[1],
         format!("GET {API}/nodeslicepools?labelSelector=thereabouts.io%2Fslice-of%3Dnet1%2Cthereabouts.io%2Fslice-node%3Da&resourceVersion=0")
@@ -745,9 +747,9 @@ fn with_slice_objects_an_add_reads_the_slices_its_node_remembers_by_name_and_a_d
     ];
     let (s, log, _) = store(&ns, answers);
     // Nothing remembered yet: the LIST by label, remembered.
-    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap(), ["192.0.2.128/26"]);
+    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap().slices, ["192.0.2.128/26"]);
     // The next ADD reads its slice by name; a DEL lists every slice of the node.
-    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap(), ["192.0.2.128/26"]);
+    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap().slices, ["192.0.2.128/26"]);
     assert_eq!(
         log.lines()[3],
         format!(
@@ -756,7 +758,7 @@ fn with_slice_objects_an_add_reads_the_slices_its_node_remembers_by_name_and_a_d
             slices::slice_object_name("net1", "192.0.2.128/26")
         )
     );
-    assert_eq!(s.node_slices("net1", "a", false, true, deadline()).unwrap(), ["192.0.2.128/26", "192.0.2.192/26"]);
+    assert_eq!(s.node_slices("net1", "a", false, true, deadline()).unwrap().slices, ["192.0.2.128/26", "192.0.2.192/26"]);
     assert!(log.lines()[5].contains("labelSelector"));
 }
 
@@ -804,8 +806,8 @@ fn between_shapes_a_claim_the_list_refuses_takes_its_object_back_and_tries_the_n
 fn a_node_reads_its_slices_from_the_cache_and_once_from_etcd_when_it_holds_none() {
     let held = json!([{"nodeName": "a", "sliceRange": "192.0.2.0/26"}, {"nodeName": "a", "sliceRange": "192.0.2.64/26"}]);
     let (s, log, _) = store("ns", vec![slice_pool(held.clone()), slice_pool(held)]);
-    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap(), ["192.0.2.0/26", "192.0.2.64/26"]);
-    assert!(s.node_slices("net1", "b", true, false, deadline()).unwrap().is_empty());
+    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap().slices, ["192.0.2.0/26", "192.0.2.64/26"]);
+    assert!(s.node_slices("net1", "b", true, false, deadline()).unwrap().slices.is_empty());
     assert_eq!(log.lines(), [format!("GET {API}/nodeslicepools/net1?resourceVersion=0"), format!("GET {API}/nodeslicepools/net1")]);
 }
 

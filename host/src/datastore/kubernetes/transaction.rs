@@ -38,9 +38,8 @@ pub(super) struct KubeTransaction<'s> {
     /// Reservation races this call lost. After the first, a reservation found
     /// taken is not read to see whose it is: see `reserve`.
     races_lost: u32,
-    /// A DEL's attachment and the reservations labelled with it
-    /// ([`Purpose::Release`]), by name; the ones the DEL frees through pool
-    /// entries leave the map, the rest are leftovers for `free_leftovers`.
+    /// A DEL's attachment ([`Purpose::Release`]), whose labelled reservations
+    /// `free_leftovers` lists.
     releasing: Option<Releasing>,
     /// Where the call stands with turns ([`turn`]).
     turn: TurnState,
@@ -70,7 +69,6 @@ enum TurnState {
 struct Releasing {
     container_id: String,
     ifname: String,
-    labelled: HashMap<String, crd::ReservationObject>,
 }
 
 /// A reservation this call created.
@@ -105,11 +103,10 @@ enum Reservation {
     Contended,
 }
 
-/// Begins a cycle; a [`Purpose::Release`] first lists what the attachment
-/// holds (one LIST of the reservations labelled with it).
+/// Begins a cycle.
 pub(super) fn begin<'s>(store: &'s KubernetesStore, pools: &[PoolId], purpose: Purpose<'_>, deadline: Instant) -> Result<KubeTransaction<'s>, DatastoreError> {
     let releasing = match purpose {
-        Purpose::Release { container_id, ifname } => Some(labelled_reservations(store, container_id, ifname, deadline)?),
+        Purpose::Release { container_id, ifname } => Some(Releasing { container_id: container_id.to_string(), ifname: ifname.to_string() }),
         Purpose::Read | Purpose::Update => None,
     };
     // Only this node writes its slice pools: its calls take turns on the node.
@@ -135,8 +132,15 @@ pub(super) fn begin<'s>(store: &'s KubernetesStore, pools: &[PoolId], purpose: P
     })
 }
 
-/// The reservations labelled with the attachment (container ID, interface).
-fn labelled_reservations(store: &KubernetesStore, container_id: &str, ifname: &str, deadline: Instant) -> Result<Releasing, DatastoreError> {
+/// The reservations labelled with the attachment (container ID, interface):
+/// one LIST by label, which the apiserver serves by walking every reservation
+/// of the namespace (its cache has no index by label).
+fn labelled_reservations(
+    store: &KubernetesStore,
+    container_id: &str,
+    ifname: &str,
+    deadline: Instant,
+) -> Result<HashMap<String, crd::ReservationObject>, DatastoreError> {
     let action = format!("listing the OverlappingRangeIPReservations of container {container_id} interface {ifname} in namespace {}", store.namespace);
     let path = crd::attachment_reservations_path(&store.namespace, container_id, ifname);
     let labelled = match store.call(Method::GET, &path, None, &action, deadline)? {
@@ -161,7 +165,7 @@ fn labelled_reservations(store: &KubernetesStore, container_id: &str, ifname: &s
         }
         Reply::Status(s) => return Err(store.status_error(&s, &action)),
     };
-    Ok(Releasing { container_id: container_id.to_string(), ifname: ifname.to_string(), labelled })
+    Ok(labelled)
 }
 
 impl Transaction for KubeTransaction<'_> {
@@ -249,8 +253,9 @@ impl Transaction for KubeTransaction<'_> {
 
     fn free_leftovers(&mut self, in_use: &[String]) -> Result<usize, DatastoreError> {
         let Some(releasing) = self.releasing.take() else { return Ok(0) };
+        let labelled = labelled_reservations(self.store, &releasing.container_id, &releasing.ifname, self.deadline)?;
         let mut freed = 0;
-        for (name, r) in &releasing.labelled {
+        for (name, r) in &labelled {
             // The label is a hash: free only what this exact attachment made.
             if !r.is_made_by(&releasing.container_id, &releasing.ifname) {
                 continue;
@@ -561,8 +566,7 @@ impl KubeTransaction<'_> {
             Reply::Object(list) => {
                 let revision = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
                 self.read_revisions.insert(pool.name.clone(), revision);
-                let items = list.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-                match items.iter().find(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(pool.name.as_str())) {
+                match crd::named_item(&list, &pool.name) {
                     Some(object) => object.clone(),
                     None => return Ok(None),
                 }
@@ -673,14 +677,9 @@ impl KubeTransaction<'_> {
         }
     }
 
-    /// Deletes the reservation `name` if `holder`'s pod and interface hold it.
-    /// One this DEL's LIST found ([`Purpose::Release`]) is deleted without reading it
-    /// again; others (whereabouts' carry no label) are read first.
+    /// Deletes the reservation `name` if `holder`'s pod and interface hold it:
+    /// read by name first (a GET from the cache), then deleted by its UID.
     fn unreserve(&mut self, name: &str, holder: &Allocation, deadline: Instant) -> Result<(), DatastoreError> {
-        let listed = self.releasing.as_mut().and_then(|r| r.labelled.remove(name));
-        if let Some(existing) = listed.filter(|r| r.is_held_by(holder)) {
-            return self.store.delete_reservation(name, &existing.uid, deadline);
-        }
         let action = format!("reading OverlappingRangeIPReservation {}/{name}", self.store.namespace);
         match self.store.call(Method::GET, &self.store.reservation_path(name), None, &action, deadline)? {
             Reply::Object(object) => {

@@ -223,6 +223,18 @@ fn run(plugin: Plugin, latency: Option<Duration>, options: &Options) -> Result<R
     let (adds, added) = runner.phase(&format!("{label}: {} concurrent ADDs", pods.len()), "ADD", &calls("ADD"), true);
     let duplicates = duplicates(&added);
     let (dels, _) = runner.phase(&format!("{label}: {} concurrent DELs", pods.len()), "DEL", &calls("DEL"), true);
+    for (phase, what) in [(&adds, "ADDs"), (&dels, "DELs")] {
+        let errors: Vec<String> = phase
+            .requests
+            .iter()
+            .flat_map(|r| r.lines())
+            .filter(|(line, _)| line.rsplit(' ').next().is_some_and(|c| c.starts_with('5')))
+            .map(|(l, n)| format!("{l} ×{n}"))
+            .collect();
+        if !errors.is_empty() {
+            eprintln!("bench: {label}: 5xx answers in the {what}: {}", errors.join(", "));
+        }
+    }
     // Every pool of the namespace: the whole-range pools, or the nodes' slice pools.
     let left_entries = objects.list(IPPOOLS)?.values().map(|p| p["spec"]["allocations"].as_object().map_or(0, |a| a.len())).sum();
     let left_reservations = reservations_in(&objects, &options.ranges)?.len();

@@ -48,24 +48,22 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
 use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::Api;
 use serde_json::{Value, json};
 use thereabouts_e2e::{TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::addresses::pool_name;
 use thereabouts_k8s_harness::apiserver_metrics::Metrics;
 use thereabouts_k8s_harness::controller::{self, Controller, Settings};
 use thereabouts_k8s_harness::plugin::{IPPOOLS, Objects};
-use thereabouts_k8s_harness::pods::{self, NETWORK_STATUS};
+use thereabouts_k8s_harness::pod_fleet;
+use thereabouts_k8s_harness::pods;
 use thereabouts_k8s_harness::whereabouts_controllers::WhereaboutsControllers;
 use thereabouts_k8s_harness::{Cluster, NAMESPACE};
 
@@ -253,54 +251,14 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// Runs `work` on every item, `width` at a time, on the current runtime.
-async fn in_parallel<T, R, F, Fut>(items: impl IntoIterator<Item = T>, width: usize, work: F) -> Result<Vec<R>>
-where
-    F: Fn(T) -> Fut,
-    Fut: Future<Output = Result<R>> + Send + 'static,
-    R: Send + 'static,
-{
-    let mut running = tokio::task::JoinSet::new();
-    let mut out = Vec::new();
-    for item in items {
-        if running.len() >= width {
-            out.push(running.join_next().await.context("a task")???);
-        }
-        running.spawn(work(item));
-    }
-    while let Some(done) = running.join_next().await {
-        out.push(done??);
-    }
-    Ok(out)
-}
-
 // ---- setup ----
-
-/// The pod as the scheduler, kubelet and multus leave it: on `node`, with its
-/// network-status annotation (written with the create: one request fewer
-/// than a separate annotate, the same object), then `Running` with its
-/// container running through the status subresource.
-async fn create_pod(pods: Api<Pod>, name: String, node: String, ips: Vec<String>) -> Result<()> {
-    let network_status = json!([
-        {"name": "cluster", "interface": "eth0", "ips": ["10.244.0.9"], "default": true, "dns": {}},
-        {"name": "default/bench", "interface": INTERFACE, "ips": ips, "mac": "02:00:00:00:00:01", "dns": {}},
-    ]);
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "annotations": {NETWORK_STATUS: network_status.to_string()}},
-        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]},
-    }))?;
-    pods.create(&PostParams::default(), &pod).await.with_context(|| format!("creating pod {name}"))?;
-    let status = json!({"status": {"phase": "Running", "containerStatuses": [{
-        "name": "app", "image": "registry.invalid/app:1", "imageID": "", "ready": true, "restartCount": 0,
-        "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
-    }]}});
-    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.with_context(|| format!("writing the status of pod {name}"))?;
-    Ok(())
-}
 
 async fn create_pods(client: &kube::Client, layout: &Layout, nodes: usize) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), "default");
-    in_parallel(0..layout.pods, WIDTH, |pod| create_pod(api.clone(), pod_name(pod), node_name(pod % nodes), layout.addresses_of(pod))).await?;
+    pod_fleet::in_parallel(0..layout.pods, WIDTH, |pod| {
+        pod_fleet::create_running(api.clone(), pod_name(pod), node_name(pod % nodes), Some(("default/bench", INTERFACE, layout.addresses_of(pod))))
+    })
+    .await?;
     Ok(())
 }
 
@@ -487,107 +445,6 @@ struct Freed {
     errors: Vec<String>,
 }
 
-/// The deleted pods' podrefs each pool still holds.
-fn held_podrefs(pool: &DynamicObject, deleted: &BTreeSet<String>) -> BTreeSet<String> {
-    let allocations = pool.data.pointer("/spec/allocations").and_then(Value::as_object);
-    allocations.into_iter().flatten().filter_map(|(_, e)| e["podref"].as_str()).filter(|p| deleted.contains(*p)).map(str::to_string).collect()
-}
-
-/// The next item of a stream (the stream traits come through kube's `WatchStreamExt`).
-async fn next<S: WatchStreamExt + ?Sized>(mut stream: Pin<&mut S>) -> Option<S::Item> {
-    std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
-}
-
-/// How many of the pools hold an entry of each pod.
-fn pools_holding(holding: &HashMap<String, BTreeSet<String>>) -> HashMap<&str, usize> {
-    let mut counts = HashMap::new();
-    for podref in holding.values().flatten() {
-        *counts.entry(podref.as_str()).or_insert(0) += 1;
-    }
-    counts
-}
-
-/// What the IPPool watch saw of the deletes, by podref.
-struct Followed {
-    /// The first delete sent.
-    started: Instant,
-    /// Whether the limit came before every deleted pod's entries were gone.
-    timed_out: bool,
-    answered: HashMap<String, Instant>,
-    first_entry_freed: HashMap<String, Instant>,
-    last_entry_freed: HashMap<String, Instant>,
-}
-
-/// Deletes the pods at once and follows the IPPools until none of their
-/// entries is left.
-async fn delete_and_follow(client: &kube::Client, deleted: &BTreeSet<String>, limit: Duration) -> Result<Followed> {
-    let gvk = GroupVersionKind::gvk("whereabouts.cni.cncf.io", "v1alpha1", "IPPool");
-    let pools: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &ApiResource::from_gvk_with_plural(&gvk, IPPOOLS));
-    let mut stream = std::pin::pin!(watcher(pools, watcher::Config::default()));
-    let mut holding: HashMap<String, BTreeSet<String>> = HashMap::new();
-    // The initial list, before any delete.
-    loop {
-        match next(stream.as_mut()).await.context("the IPPool watch ended")?? {
-            watcher::Event::InitApply(p) => {
-                holding.insert(p.metadata.name.clone().unwrap_or_default(), held_podrefs(&p, deleted));
-            }
-            watcher::Event::InitDone => break,
-            _ => {}
-        }
-    }
-    let initially: HashMap<String, usize> = pools_holding(&holding).into_iter().map(|(p, n)| (p.to_string(), n)).collect();
-    let api: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let started = Instant::now();
-    let mut deletes = tokio::task::JoinSet::new();
-    for podref in deleted {
-        let (api, podref) = (api.clone(), podref.clone());
-        deletes.spawn(async move {
-            let name = podref.trim_start_matches("default/");
-            api.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() }).await.with_context(|| format!("deleting {podref}"))?;
-            anyhow::Ok((podref, Instant::now()))
-        });
-    }
-    let (mut first_entry_freed, mut freed_at) = (HashMap::new(), HashMap::new());
-    let end = tokio::time::Instant::now() + limit;
-    let mut timed_out = false;
-    while freed_at.len() < deleted.len() {
-        let Ok(event) = tokio::time::timeout_at(end, next(stream.as_mut())).await else {
-            timed_out = true;
-            break;
-        };
-        match event.context("the IPPool watch ended")? {
-            Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                holding.insert(p.metadata.name.clone().unwrap_or_default(), held_podrefs(&p, deleted));
-            }
-            Ok(watcher::Event::Delete(p)) => {
-                holding.remove(&p.metadata.name.clone().unwrap_or_default());
-            }
-            Ok(_) => continue,
-            Err(e) => {
-                eprintln!("IPPool watch: {e}; it starts over");
-                continue;
-            }
-        }
-        let now = Instant::now();
-        let counts = pools_holding(&holding);
-        for podref in deleted {
-            let left = counts.get(podref.as_str()).copied().unwrap_or(0);
-            if left < initially.get(podref).copied().unwrap_or(0) {
-                first_entry_freed.entry(podref.clone()).or_insert(now);
-            }
-            if left == 0 {
-                freed_at.entry(podref.clone()).or_insert(now);
-            }
-        }
-    }
-    let mut answered = HashMap::new();
-    while let Some(done) = deletes.join_next().await {
-        let (podref, at) = done??;
-        answered.insert(podref, at);
-    }
-    Ok(Followed { started, timed_out, answered, first_entry_freed, last_entry_freed: freed_at })
-}
-
 /// `VmHWM` of a process, in KiB.
 fn peak_rss_kib(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -604,20 +461,6 @@ fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Resu
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(())
-}
-
-/// Per pod, from its delete's answer to `at` (ms, sorted; negative when the
-/// watch showed it before the answer came).
-fn since_answer(followed: &Followed, at: &HashMap<String, Instant>) -> Vec<f64> {
-    let mut out: Vec<f64> = at
-        .iter()
-        .map(|(podref, &at)| {
-            let answer = followed.answered[podref];
-            if at >= answer { ms(at - answer) } else { -ms(answer - at) }
-        })
-        .collect();
-    out.sort_by(f64::total_cmp);
-    out
 }
 
 /// Waits until `sample` of the controller's metrics stayed the same for `quiet`.
@@ -665,7 +508,7 @@ fn delete_to_free(
     let client = rt.block_on(cluster.admin_client())?;
     let served_before = Served::scrape(metrics)?;
     let limit = Duration::from_secs(120);
-    let followed = rt.block_on(delete_and_follow(&client, deleted, limit))?;
+    let followed = rt.block_on(pod_fleet::delete_and_follow(&client, deleted, limit))?;
     if followed.timed_out {
         bail!(
             "after {limit:?}, {} of {} deleted pods still hold entries; controller log {}",
@@ -678,8 +521,8 @@ fn delete_to_free(
     // The last pass ends after its last write (its Events come after).
     wait_until_settled(&ctl, pod_delete_seconds, Duration::from_secs(2), Duration::from_secs(60))?;
     let freed = Freed {
-        delete_to_free_ms: since_answer(&followed, &followed.last_entry_freed),
-        delete_to_first_free_ms: since_answer(&followed, &followed.first_entry_freed),
+        delete_to_free_ms: followed.since_answer(&followed.last_entry_freed),
+        delete_to_first_free_ms: followed.since_answer(&followed.first_entry_freed),
         all_freed: last_freed - followed.started,
         controller_peak_rss_kib: peak_rss_kib(ctl.pid())?,
         served: Served::scrape(metrics)?.since(&served_before),
@@ -753,12 +596,12 @@ fn whereabouts_delete_to_free(
     let entries_before = count_entries(&objects)?;
     let client = rt.block_on(cluster.admin_client())?;
     let served_before = Served::scrape(metrics)?;
-    let followed = rt.block_on(delete_and_follow(&client, deleted, WHEREABOUTS_LIMIT))?;
+    let followed = rt.block_on(pod_fleet::delete_and_follow(&client, deleted, WHEREABOUTS_LIMIT))?;
     let last_freed = followed.last_entry_freed.values().max().copied().unwrap_or(followed.started);
     std::thread::sleep(Duration::from_secs(2));
     let rss: Vec<u64> = theirs.pids().into_iter().filter_map(|pid| peak_rss_kib(pid).ok()).collect();
     let out = TheirFreed {
-        delete_to_free_ms: since_answer(&followed, &followed.last_entry_freed),
+        delete_to_free_ms: followed.since_answer(&followed.last_entry_freed),
         freed: followed.last_entry_freed.len(),
         deleted: deleted.len(),
         timed_out: followed.timed_out,
