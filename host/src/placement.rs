@@ -120,11 +120,18 @@ impl Placement {
             };
             // A CHECK looks in every slice of the node; an ADD needs one with room.
             let every = claims == Claims::None;
-            let read = |fresh| match store.node_slices(&slicing.slice_pool, &node, fresh, every, deadline) {
-                // No NodeSlicePool: nothing of this range is on this node. A DEL
-                // (or CHECK) then has nothing to free there; an ADD fails below.
-                Err(DatastoreError::NoSlice { .. }) if claims != Claims::Allowed => Ok(NodeSlices { slices: Vec::new(), all: true }),
-                other => other,
+            let mut read = |fresh| {
+                let mut candidates = Candidates { engine: &mut *engine, range, network_name: &config.network_name, node: &node, failure: None };
+                let found = match store.node_slices(&slicing.slice_pool, &node, fresh, every, &mut candidates, deadline) {
+                    // No NodeSlicePool: nothing of this range is on this node. A DEL
+                    // (or CHECK) then has nothing to free there; an ADD fails below.
+                    Err(DatastoreError::NoSlice { .. }) if claims != Claims::Allowed => Ok(NodeSlices { slices: Vec::new(), all: true }),
+                    other => other,
+                };
+                match candidates.failure {
+                    Some(e) => Err(IpamError::from(EngineFailure(e))),
+                    None => found.map_err(IpamError::from),
+                }
             };
             let mut found = read(false)?;
             if found.slices.is_empty() {

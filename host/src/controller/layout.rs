@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::datastore::kubernetes::slices::{COOLING_ANNOTATION, Cooling, ONE_OBJECT_SLICES, SLICE_OBJECTS_ANNOTATION, SliceTable};
+use crate::datastore::kubernetes::slices::{self, COOLING_ANNOTATION, Cooling, ONE_OBJECT_SLICES, SLICE_OBJECTS_ANNOTATION, SliceTable};
 
 /// The layout the NADs ask for: one sliced range of one network.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +81,19 @@ pub fn same_layout(table: &SliceTable, desired: &Desired) -> bool {
 }
 
 /// One pass over one `NodeSlicePool`.
-pub fn next(desired: &Desired, current: Option<&SliceTable>, nodes: &BTreeSet<String>, usage: &dyn SliceUse, now: u64, cool_down: u64) -> Next {
+/// How a node without a slice gets one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assign {
+    /// The first free slice in address order, nodes in name order: what
+    /// whereabouts' controller does, for a layout it also reads.
+    InOrder,
+    /// The first free slice from the node's home ([`slices::home`]): a layout
+    /// of slice objects, where a node that remembers none of its slices finds
+    /// its slice by reading a few objects by name instead of listing them all.
+    FromHome,
+}
+
+pub fn next(desired: &Desired, current: Option<&SliceTable>, nodes: &BTreeSet<String>, usage: &dyn SliceUse, now: u64, cool_down: u64, assign: Assign) -> Next {
     let mut notes = Vec::new();
     let mut table = current.cloned().unwrap_or_else(|| fresh(desired));
     end_cool_downs(&mut table, usage, now, cool_down, &mut notes);
@@ -120,20 +132,30 @@ pub fn next(desired: &Desired, current: Option<&SliceTable>, nodes: &BTreeSet<St
     // One walk over the table for every node without a slice (5 000 nodes on
     // 65 536 slices: a search from the start per node was 300 million steps).
     let holding: BTreeSet<String> = table.allocations.iter().filter(|(n, _)| !n.is_empty()).map(|(n, _)| n.clone()).collect();
+    let len = table.allocations.len();
+    let free = |table: &SliceTable, i: usize| {
+        let (holder, slice) = &table.allocations[i];
+        holder.is_empty() && !table.cooling.contains_key(slice) && usage.usable(slice)
+    };
     let mut next_free = 0;
     for node in nodes.iter().filter(|n| !holding.contains(*n)) {
-        let found = (next_free..table.allocations.len()).find(|&i| {
-            let (holder, slice) = &table.allocations[i];
-            holder.is_empty() && !table.cooling.contains_key(slice) && usage.usable(slice)
-        });
+        let found = match assign {
+            Assign::InOrder => (next_free..len).find(|&i| free(&table, i)),
+            // Once a search found none free, none is (a full table is walked once).
+            Assign::FromHome if next_free >= len => None,
+            Assign::FromHome => {
+                let home = slices::home(node, len);
+                (home..len).chain(0..home).find(|&i| free(&table, i))
+            }
+        };
         match found {
             Some(i) => {
                 table.allocations[i].0 = node.clone();
-                next_free = i + 1;
+                next_free = if assign == Assign::InOrder { i + 1 } else { 0 };
                 notes.push(format!("slice {} assigned to node {node}", table.allocations[i].1));
             }
             None => {
-                next_free = table.allocations.len();
+                next_free = len;
                 notes.push(format!("no free slice for node {node}"));
             }
         }
@@ -268,54 +290,67 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn with_slice_objects_a_node_gets_the_first_free_slice_from_its_home() {
+        let d = desired();
+        let len = d.layout.len();
+        let first = next(&d, None, &nodes(&["a"]), &Pools::default(), 0, 150, Assign::FromHome).table;
+        assert_eq!(holders(&first).iter().position(|h| *h == "a"), Some(slices::home("a", len)));
+        // b from its home, or the slice after it when that is a's.
+        let t = next(&d, Some(&first), &nodes(&["a", "b"]), &Pools::default(), 1, 150, Assign::FromHome).table;
+        let home = slices::home("b", len);
+        let expected = if home == slices::home("a", len) { (home + 1) % len } else { home };
+        assert_eq!(holders(&t).iter().position(|h| *h == "b"), Some(expected));
+    }
+
+    #[test]
     fn nodes_get_the_first_free_slices_in_order_and_a_pass_is_stable() {
-        let first = next(&desired(), None, &nodes(&["a", "b"]), &Pools::default(), 0, 150);
+        let first = next(&desired(), None, &nodes(&["a", "b"]), &Pools::default(), 0, 150, Assign::InOrder);
         assert_eq!(holders(&first.table), ["a", "b", "", ""]);
-        let again = next(&desired(), Some(&first.table), &nodes(&["a", "b"]), &Pools::default(), 1, 150);
+        let again = next(&desired(), Some(&first.table), &nodes(&["a", "b"]), &Pools::default(), 1, 150, Assign::InOrder);
         assert_eq!(again.table, first.table);
         assert!(again.notes.is_empty());
     }
 
     #[test]
     fn a_gone_nodes_empty_slice_cools_down_then_is_free_and_a_busy_one_is_kept() {
-        let t = next(&desired(), None, &nodes(&["a", "b"]), &Pools::default(), 0, 150).table;
+        let t = next(&desired(), None, &nodes(&["a", "b"]), &Pools::default(), 0, 150, Assign::InOrder).table;
         let pools = Pools::default().with("b", "192.0.2.64/26", 3);
-        let gone = next(&desired(), Some(&t), &nodes(&["b"]), &pools, 10, 150).table;
+        let gone = next(&desired(), Some(&t), &nodes(&["b"]), &pools, 10, 150, Assign::InOrder).table;
         assert_eq!(holders(&gone), ["", "b", "", ""]);
         assert!(gone.cooling.contains_key("192.0.2.0/26"));
         // A new node never gets a cooling slice.
-        let joined = next(&desired(), Some(&gone), &nodes(&["b", "c"]), &pools, 20, 150).table;
+        let joined = next(&desired(), Some(&gone), &nodes(&["b", "c"]), &pools, 20, 150, Assign::InOrder).table;
         assert_eq!(holders(&joined), ["", "b", "c", ""]);
-        let later = next(&desired(), Some(&joined), &nodes(&["c"]), &pools, 200, 150).table;
+        let later = next(&desired(), Some(&joined), &nodes(&["c"]), &pools, 200, 150, Assign::InOrder).table;
         assert_eq!(holders(&later), ["", "b", "c", ""], "b is gone but holds entries");
         assert!(later.cooling.is_empty());
     }
 
     #[test]
     fn a_slice_written_during_its_cool_down_goes_back_to_its_node() {
-        let t = next(&desired(), None, &nodes(&["a"]), &Pools::default(), 0, 150).table;
-        let cooling = next(&desired(), Some(&t), &nodes(&[]), &Pools::default(), 1, 150).table;
+        let t = next(&desired(), None, &nodes(&["a"]), &Pools::default(), 0, 150, Assign::InOrder).table;
+        let cooling = next(&desired(), Some(&t), &nodes(&[]), &Pools::default(), 1, 150, Assign::InOrder).table;
         assert_eq!(holders(&cooling), ["", "", "", ""]);
         let late = Pools::default().with("a", "192.0.2.0/26", 1);
-        let back = next(&desired(), Some(&cooling), &nodes(&[]), &late, 151, 150).table;
+        let back = next(&desired(), Some(&cooling), &nodes(&[]), &late, 151, 150, Assign::InOrder).table;
         assert_eq!(holders(&back), ["a", "", "", ""]);
     }
 
     #[test]
     fn an_empty_extra_slice_goes_back_only_when_the_others_have_room() {
-        let mut t = next(&desired(), None, &nodes(&["a"]), &Pools::default(), 0, 150).table;
+        let mut t = next(&desired(), None, &nodes(&["a"]), &Pools::default(), 0, 150, Assign::InOrder).table;
         t.allocations[1].0 = "a".into(); // claimed by the plugin when the first ran full
         let full = Pools::default().with("a", "192.0.2.0/26", 62);
-        assert_eq!(holders(&next(&desired(), Some(&t), &nodes(&["a"]), &full, 1, 150).table), ["a", "a", "", ""]);
+        assert_eq!(holders(&next(&desired(), Some(&t), &nodes(&["a"]), &full, 1, 150, Assign::InOrder).table), ["a", "a", "", ""]);
         let drained = Pools::default().with("a", "192.0.2.0/26", 20);
-        let back = next(&desired(), Some(&t), &nodes(&["a"]), &drained, 1, 150).table;
+        let back = next(&desired(), Some(&t), &nodes(&["a"]), &drained, 1, 150, Assign::InOrder).table;
         assert_eq!(holders(&back), ["a", "", "", ""]);
         assert!(back.cooling.contains_key("192.0.2.64/26"));
     }
 
     #[test]
     fn a_range_change_waits_for_the_old_slices_to_empty_then_lays_out_again() {
-        let t = next(&desired(), None, &nodes(&["a", "b"]), &Pools::default(), 0, 150).table;
+        let t = next(&desired(), None, &nodes(&["a", "b"]), &Pools::default(), 0, 150, Assign::InOrder).table;
         let wider = Desired {
             range: "198.51.100.0/24".into(),
             layout: vec!["198.51.100.0/25".into(), "198.51.100.128/25".into()],
@@ -323,12 +358,12 @@ pub(super) mod tests {
             ..desired()
         };
         let busy = Pools::default().with("a", "192.0.2.0/26", 5);
-        let waiting = next(&wider, Some(&t), &nodes(&["a", "b"]), &busy, 1, 150);
+        let waiting = next(&wider, Some(&t), &nodes(&["a", "b"]), &busy, 1, 150, Assign::InOrder);
         assert_eq!(holders(&waiting.table), ["a", "", "", ""], "b's empty slice is handed back, a's waits");
         assert_eq!(waiting.table.range, "192.0.2.0/24");
-        let drained = next(&wider, Some(&waiting.table), &nodes(&["a", "b"]), &Pools::default(), 2, 150).table;
+        let drained = next(&wider, Some(&waiting.table), &nodes(&["a", "b"]), &Pools::default(), 2, 150, Assign::InOrder).table;
         assert_eq!(drained.range, "192.0.2.0/24", "still cooling");
-        let done = next(&wider, Some(&drained), &nodes(&["a", "b"]), &Pools::default(), 200, 150).table;
+        let done = next(&wider, Some(&drained), &nodes(&["a", "b"]), &Pools::default(), 200, 150, Assign::InOrder).table;
         assert_eq!((done.range.as_str(), holders(&done)), ("198.51.100.0/24", vec!["a", "b"]));
     }
 
@@ -336,7 +371,7 @@ pub(super) mod tests {
     fn a_slice_nobody_can_use_is_never_assigned_and_sizes_compare_as_numbers() {
         let mut pools = Pools::default();
         pools.1.insert("192.0.2.0/26".into());
-        assert_eq!(holders(&next(&desired(), None, &nodes(&["a"]), &pools, 0, 150).table), ["", "a", "", ""]);
+        assert_eq!(holders(&next(&desired(), None, &nodes(&["a"]), &pools, 0, 150, Assign::InOrder).table), ["", "a", "", ""]);
         let mut t = fresh(&desired());
         t.slice_size = "26".into();
         assert!(same_layout(&t, &desired()));

@@ -188,12 +188,13 @@ impl SlicePass {
             let read = current.get(&w.desired.name);
             let table = slice_objects::merged(read, &objects, &w.desired);
             let usage = Usage::of(w, table.as_ref(), &entries);
-            let mut next = layout::next(&w.desired, table.as_ref(), &nodes, &usage, now, self.cool_down.as_secs());
+            let target = slice_objects::target(&w.desired, self.slice_objects);
+            let assign = if target == Shape::Objects { layout::Assign::FromHome } else { layout::Assign::InOrder };
+            let mut next = layout::next(&w.desired, table.as_ref(), &nodes, &usage, now, self.cool_down.as_secs(), assign);
             for note in &next.notes {
                 log.push(format!("NodeSlicePool {}/{}: {note}", self.namespace, w.desired.name));
             }
             let fresh = table.as_ref().is_some_and(|t| !layout::same_layout(t, &w.desired)) && layout::same_layout(&next.table, &w.desired);
-            let target = slice_objects::target(&w.desired, self.slice_objects);
             next.table.shape = slice_objects::next_shape(table.as_ref(), fresh, target, !objects.is_empty(), now, self.cool_down.as_secs());
             let ops = match next.table.shape {
                 // Leftovers of an earlier move: no call reads them.

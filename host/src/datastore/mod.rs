@@ -327,9 +327,18 @@ pub trait Datastore {
     /// `fresh` asks for a read that sees every write completed before the call
     /// (after a cached read found none). Without `every`, a store may answer
     /// with some of them (an ADD needs one with room; a DEL first looks in
-    /// those) and says so. Only Kubernetes keeps node slices.
-    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<NodeSlices, DatastoreError> {
-        let _ = (slice_pool, node, fresh, every, deadline);
+    /// those) and says so; `candidates` gives the range's slices where the
+    /// store keeps no list of them. Only Kubernetes keeps node slices.
+    fn node_slices(
+        &self,
+        slice_pool: &str,
+        node: &str,
+        fresh: bool,
+        every: bool,
+        candidates: &mut dyn SliceCandidates,
+        deadline: Instant,
+    ) -> Result<NodeSlices, DatastoreError> {
+        let _ = (slice_pool, node, fresh, every, candidates, deadline);
         Err(no_node_slices(self))
     }
 

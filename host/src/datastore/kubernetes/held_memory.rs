@@ -6,8 +6,9 @@
 //! of 1 000 ADDs timed out on those LISTs first.
 //!
 //! Never what correctness rests on: each slice remembered is read and must
-//! still name this node; a DEL or CHECK, which must see every slice of the
-//! node, always lists; and a node whose remembered slices are all gone lists.
+//! still name this node; a DEL reads the remembered slices first and lists
+//! every slice of the node when it did not find all its entries there; a
+//! CHECK always lists; and a node whose remembered slices are all gone lists.
 
 use std::path::{Path, PathBuf};
 

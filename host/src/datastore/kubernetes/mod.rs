@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 use super::client_runtime::ClientRuntime;
 use super::failure::Class;
 use super::retry::{self, Backoff};
-use super::{Capabilities, Datastore, DatastoreError, NodeSlices, PoolId, Purpose, Transaction};
+use super::{Capabilities, Datastore, DatastoreError, NodeSlices, PoolId, Purpose, SliceCandidates, Transaction};
 use crate::logging;
 use crd::{IPPOOLS, NODE_SLICE_POOLS, RESERVATIONS};
 use slices::SliceTable;
@@ -368,8 +368,16 @@ impl Datastore for KubernetesStore {
 
     /// One GET of the `NodeSlicePool`, from the watch cache unless `fresh`,
     /// and a LIST of the node's slice objects when the layout has them.
-    fn node_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<NodeSlices, DatastoreError> {
-        self.held_slices(slice_pool, node, fresh, every, deadline)
+    fn node_slices(
+        &self,
+        slice_pool: &str,
+        node: &str,
+        fresh: bool,
+        every: bool,
+        candidates: &mut dyn SliceCandidates,
+        deadline: Instant,
+    ) -> Result<NodeSlices, DatastoreError> {
+        self.held_slices(slice_pool, node, fresh, every, candidates, deadline)
     }
 
     /// The notes its node-turn holders left beside their locks (`node_turn.rs`).

@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use http::Method;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use super::crd::{self, NODE_SLICE_POOLS};
 use super::slices::{self, Shape, SliceObject, SliceTable};
@@ -22,6 +21,10 @@ use crate::logging;
 /// taken slice, and the list of every slice object (about 600 bytes each) is
 /// what a claim should not pay each time.
 const PROBES: usize = 32;
+/// Slice objects a node that remembers none of its slices reads from its home
+/// before it lists them: with 5 000 nodes over 8 192 slices, the controller
+/// found a free slice within a few of a node's home.
+const HOME_READS: usize = 8;
 
 /// How a create of a slice object ended.
 enum Created {
@@ -51,19 +54,60 @@ impl KubernetesStore {
     /// unless `fresh`: one GET of the layout object, and, once the layout has
     /// slice objects, one LIST of the node's objects by label.
     ///
-    /// Unless `every` slice is asked for (a DEL must find every entry of its
-    /// node), the slices this node remembers are read by name instead
-    /// ([`held_memory`]): an ADD needs a slice of its node, not all of them.
-    pub(super) fn held_slices(&self, slice_pool: &str, node: &str, fresh: bool, every: bool, deadline: Instant) -> Result<NodeSlices, DatastoreError> {
+    /// Unless `every` slice is asked for, the slices this node remembers are
+    /// read by name instead ([`held_memory`]): an ADD needs a slice of its
+    /// node, not all of them, and a DEL that finds its entries there needs no more.
+    pub(super) fn held_slices(
+        &self,
+        slice_pool: &str,
+        node: &str,
+        fresh: bool,
+        every: bool,
+        candidates: &mut dyn SliceCandidates,
+        deadline: Instant,
+    ) -> Result<NodeSlices, DatastoreError> {
         let table = self.slice_table(slice_pool, node, fresh, deadline)?;
-        if table.shape.has_objects()
-            && !every
-            && !fresh
-            && let Some(held) = self.recalled(&table, slice_pool, node, deadline)?
-        {
-            return Ok(NodeSlices { slices: held, all: false });
+        if table.shape.has_objects() && !every && !fresh {
+            if let Some(held) = self.recalled(&table, slice_pool, node, deadline)? {
+                return Ok(NodeSlices { slices: held, all: false });
+            }
+            if let Some(found) = self.found_from_home(slice_pool, node, candidates, deadline)? {
+                held_memory::remember(&self.lock_scope(), slice_pool, node, std::slice::from_ref(&found));
+                let mut held = listed(&table, node);
+                add_new(&mut held, found);
+                return Ok(NodeSlices { slices: held, all: false });
+            }
         }
         Ok(NodeSlices { slices: self.held_in(&table, slice_pool, node, fresh, deadline)?, all: true })
+    }
+
+    /// A node that remembers none of its slices: the objects of the
+    /// [`HOME_READS`] slices from its home ([`slices::home`], where the
+    /// controller assigns a new node's slice) read by name, the first that
+    /// names the node; `None` when none does, and the node lists them.
+    fn found_from_home(&self, slice_pool: &str, node: &str, candidates: &mut dyn SliceCandidates, deadline: Instant) -> Result<Option<String>, DatastoreError> {
+        let layout = candidates.layout();
+        let start = slices::home(node, layout.len());
+        for slice in layout[start.min(layout.len())..].iter().chain(&layout[..start.min(layout.len())]).take(HOME_READS) {
+            if let Some(o) = self.slice_object(slice_pool, slice, deadline)?
+                && o.node == node
+            {
+                return Ok(Some(o.slice));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The object of `slice` in layout `slice_pool`, from the watch cache; `None` when it has none.
+    fn slice_object(&self, slice_pool: &str, slice: &str, deadline: Instant) -> Result<Option<SliceObject>, DatastoreError> {
+        let name = slices::slice_object_name(slice_pool, slice);
+        let action = format!("reading slice object NodeSlicePool {}/{name}", self.namespace);
+        let path = format!("{}?resourceVersion=0", crd::object_path(&self.namespace, NODE_SLICE_POOLS, &name));
+        match self.call(Method::GET, &path, None, &action, deadline)? {
+            Reply::Object(object) => Ok(SliceObject::from_object(&object).ok()),
+            Reply::Status(s) if s.code == 404 => Ok(None),
+            Reply::Status(s) => Err(self.status_error(&s, &action)),
+        }
     }
 
     /// The slices this node remembers of `table`'s layout that still name it,
@@ -72,20 +116,11 @@ impl KubernetesStore {
         let mut held = listed(table, node);
         let mut found = false;
         for slice in held_memory::recall(&self.lock_scope(), slice_pool, node) {
-            let name = slices::slice_object_name(slice_pool, &slice);
-            let action = format!("reading slice object NodeSlicePool {}/{name}", self.namespace);
-            let path = format!("{}?resourceVersion=0", crd::object_path(&self.namespace, NODE_SLICE_POOLS, &name));
-            match self.call(Method::GET, &path, None, &action, deadline)? {
-                Reply::Object(object) => {
-                    if let Ok(o) = SliceObject::from_object(&object)
-                        && o.node == node
-                    {
-                        found = true;
-                        add_new(&mut held, o.slice);
-                    }
-                }
-                Reply::Status(s) if s.code == 404 => {}
-                Reply::Status(s) => return Err(self.status_error(&s, &action)),
+            if let Some(o) = self.slice_object(slice_pool, &slice, deadline)?
+                && o.node == node
+            {
+                found = true;
+                add_new(&mut held, o.slice);
             }
         }
         Ok(found.then_some(held))
@@ -215,7 +250,7 @@ impl KubernetesStore {
         if layout.is_empty() {
             return Ok(None);
         }
-        let start = (Sha256::digest(node.as_bytes()).iter().take(8).fold(0u64, |n, b| n << 8 | u64::from(*b)) % layout.len() as u64) as usize;
+        let start = slices::home(node, layout.len());
         let in_order = || layout[start..].iter().chain(&layout[..start]);
         let mut tried = 0;
         for slice in in_order() {

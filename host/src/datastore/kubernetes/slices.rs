@@ -92,6 +92,16 @@ pub fn label_value(name: &str) -> String {
     format!("h{}", digest.iter().take(20).map(|b| format!("{b:02x}")).collect::<String>())
 }
 
+/// Where `node` starts in a layout of `len` slices of objects (a hash of its
+/// name): the controller assigns a new node the first free slice from there,
+/// a node claiming another slice tries from there, and a node that remembers
+/// none of its slices reads the objects from there by name before it lists
+/// them. Spread over the layout, so nodes claiming at once rarely meet.
+pub fn home(node: &str, len: usize) -> usize {
+    let hash = Sha256::digest(node.as_bytes()).iter().take(8).fold(0u64, |n, b| n << 8 | u64::from(*b));
+    (hash % len.max(1) as u64) as usize
+}
+
 /// The name of `layout`'s object for `slice`: `<layout>-slice-<slice as in a pool name>`.
 pub fn slice_object_name(layout: &str, slice: &str) -> String {
     thereabouts_allocator::naming::pool_name_for_network(slice, &format!("{layout}-slice"))

@@ -725,7 +725,7 @@ fn slice_objects(held: &[(&str, &str)]) -> Answer {
 #[test]
 fn with_slice_objects_a_node_lists_its_own_by_label_from_the_cache() {
     let (s, log, _) = store("ns", vec![layout_of_objects("true", json!([])), slice_objects(&[("a", "192.0.2.128/26")])]);
-    assert_eq!(s.node_slices("net1", "a", false, true, deadline()).unwrap().slices, ["192.0.2.128/26"]);
+    assert_eq!(s.node_slices("net1", "a", false, true, &mut AnySlice(vec![]), deadline()).unwrap().slices, ["192.0.2.128/26"]);
     assert_eq!(
         log.lines()[1],
         format!("GET {API}/nodeslicepools?labelSelector=thereabouts.io%2Fslice-of%3Dnet1%2Cthereabouts.io%2Fslice-node%3Da&resourceVersion=0")
@@ -747,9 +747,9 @@ fn with_slice_objects_an_add_reads_the_slices_its_node_remembers_by_name_and_a_d
     ];
     let (s, log, _) = store(&ns, answers);
     // Nothing remembered yet: the LIST by label, remembered.
-    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap().slices, ["192.0.2.128/26"]);
+    assert_eq!(s.node_slices("net1", "a", false, false, &mut AnySlice(vec![]), deadline()).unwrap().slices, ["192.0.2.128/26"]);
     // The next ADD reads its slice by name; a DEL lists every slice of the node.
-    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap().slices, ["192.0.2.128/26"]);
+    assert_eq!(s.node_slices("net1", "a", false, false, &mut AnySlice(vec![]), deadline()).unwrap().slices, ["192.0.2.128/26"]);
     assert_eq!(
         log.lines()[3],
         format!(
@@ -758,8 +758,29 @@ fn with_slice_objects_an_add_reads_the_slices_its_node_remembers_by_name_and_a_d
             slices::slice_object_name("net1", "192.0.2.128/26")
         )
     );
-    assert_eq!(s.node_slices("net1", "a", false, true, deadline()).unwrap().slices, ["192.0.2.128/26", "192.0.2.192/26"]);
+    assert_eq!(s.node_slices("net1", "a", false, true, &mut AnySlice(vec![]), deadline()).unwrap().slices, ["192.0.2.128/26", "192.0.2.192/26"]);
     assert!(log.lines()[5].contains("labelSelector"));
+}
+
+#[test]
+fn with_slice_objects_a_node_that_remembers_nothing_reads_the_slices_from_its_home_by_name() {
+    let ns = format!("home-{}", std::process::id());
+    let layout = vec!["192.0.2.0/26", "192.0.2.64/26", "192.0.2.128/26", "192.0.2.192/26"];
+    let home = slices::home("a", layout.len());
+    let (first, second) = (layout[home], layout[(home + 1) % layout.len()]);
+    let answers = vec![
+        layout_of_objects("true", json!([])),
+        Answer::Status(404, "NotFound", Value::Null),
+        Answer::Ok(slices::SliceObject::object("net1", &ns, "/26", second, "a", None)),
+    ];
+    let (s, log, _) = store(&ns, answers);
+    let found = s.node_slices("net1", "a", false, false, &mut AnySlice(layout.clone()), deadline()).unwrap();
+    assert_eq!(found, crate::datastore::NodeSlices { slices: vec![second.to_string()], all: false });
+    let by_name = |slice: &str| {
+        let root = API.split("/namespaces/").next().unwrap();
+        format!("GET {root}/namespaces/{ns}/nodeslicepools/{}?resourceVersion=0", slices::slice_object_name("net1", slice))
+    };
+    assert_eq!(log.lines()[1..], [by_name(first), by_name(second)]);
 }
 
 #[test]
@@ -806,8 +827,8 @@ fn between_shapes_a_claim_the_list_refuses_takes_its_object_back_and_tries_the_n
 fn a_node_reads_its_slices_from_the_cache_and_once_from_etcd_when_it_holds_none() {
     let held = json!([{"nodeName": "a", "sliceRange": "192.0.2.0/26"}, {"nodeName": "a", "sliceRange": "192.0.2.64/26"}]);
     let (s, log, _) = store("ns", vec![slice_pool(held.clone()), slice_pool(held)]);
-    assert_eq!(s.node_slices("net1", "a", false, false, deadline()).unwrap().slices, ["192.0.2.0/26", "192.0.2.64/26"]);
-    assert!(s.node_slices("net1", "b", true, false, deadline()).unwrap().slices.is_empty());
+    assert_eq!(s.node_slices("net1", "a", false, false, &mut AnySlice(vec![]), deadline()).unwrap().slices, ["192.0.2.0/26", "192.0.2.64/26"]);
+    assert!(s.node_slices("net1", "b", true, false, &mut AnySlice(vec![]), deadline()).unwrap().slices.is_empty());
     assert_eq!(log.lines(), [format!("GET {API}/nodeslicepools/net1?resourceVersion=0"), format!("GET {API}/nodeslicepools/net1")]);
 }
 
