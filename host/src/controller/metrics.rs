@@ -50,7 +50,7 @@ one_label!(ClassLabel, class);
 const STATES: [&str; 3] = ["capacity", "allocated", "free"];
 
 /// The kinds of reconcile pass (`reconcile::Scope::kind`).
-pub const PASS_KINDS: [&str; 2] = ["full", "pod_delete"];
+pub const PASS_KINDS: [&str; 3] = ["full", "pod_delete", "node_slices"];
 
 fn duration_histogram() -> Histogram {
     // 1 ms doubling 16 times reaches 65.5 s: a pass over a handful of pools up to a full resync
@@ -100,7 +100,7 @@ impl Metrics {
         let freed = Family::<ReasonLabel, Counter>::default();
         registry.register("addresses_freed", "Addresses the controller freed, by reason", freed.clone());
         let passes = Family::<PassLabels, Counter>::default();
-        registry.register("reconcile_passes", "Reconcile passes by kind (full, pod_delete) and outcome (ok, failed)", passes.clone());
+        registry.register("reconcile_passes", "Passes by kind (full, pod_delete, node_slices) and outcome (ok, failed)", passes.clone());
         // Every pass series from the start, at 0: an alert on failed passes then
         // selects a series before the first failure, and rate() sees the first one.
         for kind in PASS_KINDS {
@@ -163,7 +163,7 @@ impl Metrics {
         self.inner.freed.get(&ReasonLabel { reason: reason.to_string() }).map(|c| c.get()).unwrap_or(0)
     }
 
-    /// One reconcile pass of `kind` (`full`, `pod_delete`) ended.
+    /// One pass of `kind` (one of [`PASS_KINDS`]) ended.
     pub fn pass(&self, kind: &str, ok: bool, duration: Duration) {
         let outcome = if ok { "ok" } else { "failed" };
         self.inner.passes.get_or_create(&PassLabels { kind: kind.to_string(), outcome }).inc();

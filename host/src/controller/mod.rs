@@ -217,7 +217,10 @@ async fn serve(options: Options) -> Result<()> {
         let (mut next_slices, mut next_full) = (Instant::now(), Instant::now());
         while *leading.borrow() {
             if Instant::now() >= next_slices {
-                if let Err(e) = slices.run().await {
+                let started = Instant::now();
+                let outcome = slices.run().await;
+                metrics.pass("node_slices", outcome.is_ok(), started.elapsed());
+                if let Err(e) = outcome {
                     crate::logging::error(format!("controller: node-slice pass failed: {}", crate::causes::describe(&e)));
                 }
                 next_slices = Instant::now() + options.resync;

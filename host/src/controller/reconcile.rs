@@ -32,7 +32,7 @@ pub enum Scope {
 impl Scope {
     /// Its name in the metrics (one of [`super::metrics::PASS_KINDS`]).
     pub fn kind(&self) -> &'static str {
-        let [full, pod_delete] = super::metrics::PASS_KINDS;
+        let [full, pod_delete, _] = super::metrics::PASS_KINDS;
         match self {
             Scope::Full => full,
             Scope::Pods(_) => pod_delete,

@@ -272,6 +272,9 @@ struct ControllerFigures {
     peak_rss_kib: u64,
     full_passes: f64,
     full_pass_seconds: f64,
+    /// Node-slice (layout) passes and pod-delete passes: count, mean seconds.
+    slice_passes: (f64, f64),
+    delete_passes: (f64, f64),
 }
 
 impl ControllerFigures {
@@ -280,9 +283,13 @@ impl ControllerFigures {
         let peak_rss_kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0);
         let page = controller.scrape().unwrap_or_default();
         let metric = |name: &str| page.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0);
-        let full_passes = metric("thereabouts_reconcile_duration_seconds_count{kind=\"full\"}");
-        let sum = metric("thereabouts_reconcile_duration_seconds_sum{kind=\"full\"}");
-        ControllerFigures { peak_rss_kib, full_passes, full_pass_seconds: if full_passes > 0.0 { sum / full_passes } else { 0.0 } }
+        let passes = |kind: &str| {
+            let count = metric(&format!("thereabouts_reconcile_duration_seconds_count{{kind=\"{kind}\"}}"));
+            let sum = metric(&format!("thereabouts_reconcile_duration_seconds_sum{{kind=\"{kind}\"}}"));
+            (count, if count > 0.0 { sum / count } else { 0.0 })
+        };
+        let (full_passes, full_pass_seconds) = passes("full");
+        ControllerFigures { peak_rss_kib, full_passes, full_pass_seconds, slice_passes: passes("node_slices"), delete_passes: passes("pod_delete") }
     }
 }
 
@@ -386,8 +393,8 @@ fn run(o: &Options, pods: usize, fill: Fill, bound: u32) -> Result<Run> {
     }
 
     let (pool_bytes, slice_pool_bytes) = largest(&objects)?;
-    let control = ControllerFigures::of(&controller);
     let freed = delete_to_free(o, &rt, &client, &holders)?;
+    let control = ControllerFigures::of(&controller);
     let etcd_db_bytes = std::fs::metadata(cluster.dir().join("etcd/member/snap/db")).map_or(0, |m| m.len());
     Ok(Run {
         fill,
@@ -510,6 +517,10 @@ fn print_run(r: &Run) {
     println!(
         "- delete-to-free: {} pods deleted at once without a DEL: p50 {:.0} ms, p99 {:.0} ms; {} not freed within {FREE_LIMIT:?}",
         r.freed.deleted, r.freed.p50_ms, r.freed.p99_ms, r.freed.not_freed
+    );
+    println!(
+        "- controller passes over the run: {} node-slice passes, {:.2} s each on average; {} pod-delete passes, {:.2} s each",
+        r.control.slice_passes.0, r.control.slice_passes.1, r.control.delete_passes.0, r.control.delete_passes.1
     );
 }
 
