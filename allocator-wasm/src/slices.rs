@@ -74,10 +74,21 @@ pub fn slice_pool_name(base: &str, first_cidr: &str, range: &NormalizedRange) ->
 
 /// Every slice of a sliced range, in address order (whereabouts' order).
 pub fn layout(range: &NormalizedRange) -> Result<Vec<String>> {
+    Ok((0..count(range)?).filter_map(|i| slice_at(range, i)).collect())
+}
+
+/// How many slices a sliced range has.
+pub fn count(range: &NormalizedRange) -> Result<u128> {
     let slicing = sliced(range)?;
+    Ok(1u128 << (slicing.prefix_len - range.network_prefix))
+}
+
+/// Slice `index` of [`layout`] without the others (a node looking near its
+/// home reads a few of 65 536); `None` past the end or for a range without slices.
+pub fn slice_at(range: &NormalizedRange, index: u128) -> Option<String> {
+    let slicing = sliced(range).ok()?;
     let step_bits = range.family.bits() - slicing.prefix_len;
-    let count = 1u128 << (slicing.prefix_len - range.network_prefix);
-    Ok((0..count).map(|i| format!("{}/{}", format_ip(from_u128(range.family, range.network + (i << step_bits))), slicing.prefix_len)).collect())
+    (index < count(range).ok()?).then(|| format!("{}/{}", format_ip(from_u128(range.family, range.network + (index << step_bits))), slicing.prefix_len))
 }
 
 /// `range` as the slice `slice` of node `node` serves it: the slice's network,
@@ -176,7 +187,12 @@ mod tests {
         );
         let v6 = c.ranges[1].node_slicing.as_ref().unwrap();
         assert_eq!((v6.slice_pool.as_str(), v6.prefix_len), ("blue-2001-db8---64", 76));
-        assert_eq!(layout(&c.ranges[1]).unwrap().len(), 4096);
+        let all = layout(&c.ranges[1]).unwrap();
+        assert_eq!((all.len(), count(&c.ranges[1]).unwrap()), (4096, 4096));
+        assert_eq!(
+            [slice_at(&c.ranges[1], 1), slice_at(&c.ranges[1], 4095), slice_at(&c.ranges[1], 4096)],
+            [Some(all[1].clone()), Some(all[4095].clone()), None]
+        );
         let r = in_slice(&c.ranges[1], "blue", "node-a", "2001:db8:0:0:10::/76").unwrap();
         assert_eq!((r.pool_name.as_str(), r.first.as_str(), r.prefix_len), ("blue-node-a-2001-db8-0-0-10---76", "2001:db8::10:0:0:1", 64));
     }

@@ -37,6 +37,13 @@ impl SliceCandidates for Candidates<'_> {
         }
     }
 
+    fn near_home(&mut self, node: &str, n: usize) -> Vec<String> {
+        let count = thereabouts_allocator::slices::count(self.range).unwrap_or(0);
+        let Ok(len) = usize::try_from(count) else { return Vec::new() };
+        let home = crate::datastore::kubernetes::slices::home(node, len);
+        (0..n.min(len)).filter_map(|k| thereabouts_allocator::slices::slice_at(self.range, ((home + k) % len) as u128)).collect()
+    }
+
     fn layout(&mut self) -> Vec<String> {
         match self.engine.node_slices(self.range) {
             Ok(Ok(slices)) => slices,

@@ -373,6 +373,9 @@ pub trait SliceCandidates {
     /// Every slice of the range, in address order: asked only where the
     /// store keeps no list of them (a layout of slice objects).
     fn layout(&mut self) -> Vec<String>;
+    /// The `n` slices of that order from `node`'s home on (wrapping), without
+    /// the whole layout: what a node that remembers none of its slices reads.
+    fn near_home(&mut self, node: &str, n: usize) -> Vec<String>;
 }
 
 /// `node_slice_size` in a store without node slices.

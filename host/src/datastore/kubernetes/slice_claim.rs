@@ -86,10 +86,8 @@ impl KubernetesStore {
     /// controller assigns a new node's slice) read by name, the first that
     /// names the node; `None` when none does, and the node lists them.
     fn found_from_home(&self, slice_pool: &str, node: &str, candidates: &mut dyn SliceCandidates, deadline: Instant) -> Result<Option<String>, DatastoreError> {
-        let layout = candidates.layout();
-        let start = slices::home(node, layout.len());
-        for slice in layout[start.min(layout.len())..].iter().chain(&layout[..start.min(layout.len())]).take(HOME_READS) {
-            if let Some(o) = self.slice_object(slice_pool, slice, deadline)?
+        for slice in candidates.near_home(node, HOME_READS) {
+            if let Some(o) = self.slice_object(slice_pool, &slice, deadline)?
                 && o.node == node
             {
                 return Ok(Some(o.slice));

@@ -706,6 +706,10 @@ impl crate::datastore::SliceCandidates for AnySlice {
     fn layout(&mut self) -> Vec<String> {
         self.0.iter().map(|s| s.to_string()).collect()
     }
+    fn near_home(&mut self, node: &str, n: usize) -> Vec<String> {
+        let home = slices::home(node, self.0.len());
+        self.0.iter().cycle().skip(home).take(n.min(self.0.len())).map(|s| s.to_string()).collect()
+    }
 }
 
 /// A layout object whose slices are objects of their own (`shape`: the annotation).

@@ -369,7 +369,10 @@ fn run(o: &Options, pods: usize, fill: Fill, bound: u32) -> Result<Run> {
 
     // The churn: every k-th pod (k = 100 / churn) replaced, a batch at a time.
     let (mut churn_dels, mut churn_adds, mut churn_failed) = (Vec::new(), Vec::new(), 0);
-    let replaced: Vec<usize> = if o.churn == 0 { Vec::new() } else { (0..pods).step_by(100 / o.churn).collect() };
+    let replaced: Vec<usize> = match 100usize.checked_div(o.churn) {
+        Some(step) => (0..pods).step_by(step).collect(),
+        None => Vec::new(),
+    };
     for (round, victims) in replaced.chunks(o.batch).enumerate() {
         let dels: Vec<Invocation> = victims.iter().map(|&i| call("DEL", i, node_of[i])).collect();
         let (phase, outcomes) = runner.phase(&format!("{pods} pods, churn {round}: DEL"), "DEL", &dels, true);
@@ -678,13 +681,7 @@ fn svg(runs: &[Run], pods: usize, nodes: usize) -> String {
     for (k, (run, colour)) in runs.iter().zip(["#c0392b", "#2874a6", "#239b56", "#7d3c98", "#b9770e", "#17202a"]).enumerate() {
         let path: Vec<String> = run.points.iter().map(|p| format!("{:.1},{:.1}", x(p.pods_before), y(total(p)))).collect();
         let _ = write!(out, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, path.join(" "));
-        let _ = write!(
-            out,
-            r#"<text x="{}" y="{}" fill="{colour}">{}</text>"#,
-            left + 12.0,
-            top + 14.0 * (k as f64 + 1.0),
-            format!("{} pods, {}", run.pods, run.name())
-        );
+        let _ = write!(out, r#"<text x="{}" y="{}" fill="{colour}">{} pods, {}</text>"#, left + 12.0, top + 14.0 * (k as f64 + 1.0), run.pods, run.name());
     }
     out.push_str("</svg>\n");
     out

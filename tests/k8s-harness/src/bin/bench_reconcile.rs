@@ -250,7 +250,6 @@ fn median(values: &[f64]) -> f64 {
     percentile(&v, 50.0)
 }
 
-/// Runs `work` on every item, `width` at a time, on the current runtime.
 // ---- setup ----
 
 async fn create_pods(client: &kube::Client, layout: &Layout, nodes: usize) -> Result<()> {
