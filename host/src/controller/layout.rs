@@ -137,12 +137,13 @@ pub fn next(desired: &Desired, current: Option<&SliceTable>, nodes: &BTreeSet<St
         let (holder, slice) = &table.allocations[i];
         holder.is_empty() && !table.cooling.contains_key(slice) && usage.usable(slice)
     };
-    let mut next_free = 0;
+    // In order, a search starts after the last slice given; once one found
+    // none free, none is (a full table is walked once, not once per node).
+    let (mut next_free, mut none_free) = (0, false);
     for node in nodes.iter().filter(|n| !holding.contains(*n)) {
         let found = match assign {
+            _ if none_free => None,
             Assign::InOrder => (next_free..len).find(|&i| free(&table, i)),
-            // Once a search found none free, none is (a full table is walked once).
-            Assign::FromHome if next_free >= len => None,
             Assign::FromHome => {
                 let home = slices::home(node, len);
                 (home..len).chain(0..home).find(|&i| free(&table, i))
@@ -151,11 +152,11 @@ pub fn next(desired: &Desired, current: Option<&SliceTable>, nodes: &BTreeSet<St
         match found {
             Some(i) => {
                 table.allocations[i].0 = node.clone();
-                next_free = if assign == Assign::InOrder { i + 1 } else { 0 };
+                next_free = i + 1;
                 notes.push(format!("slice {} assigned to node {node}", table.allocations[i].1));
             }
             None => {
-                next_free = len;
+                none_free = true;
                 notes.push(format!("no free slice for node {node}"));
             }
         }
