@@ -8,9 +8,10 @@
 //!   preconditions.
 //!
 //! A delete pass reads only the pools its pods' entries lay in at the last
-//! read of every pool ([`PodPools`]).
+//! read of every pool ([`PodPools`]), and the reservations labelled with the
+//! attachments of the entries it found.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,7 +21,7 @@ use http::Method;
 use serde_json::{Value, json};
 
 use super::api::{Api, ApiError, FIELD_MANAGER};
-use super::held::{Entry, Holdings, Reservation};
+use super::held::{Entry, EntryIndex, Holdings, Reservation};
 use super::pods::unix_seconds;
 use crate::datastore::Change;
 use crate::datastore::kubernetes::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
@@ -44,6 +45,8 @@ fn pools_page(pools: u128, entries: u128) -> u32 {
     }
 }
 const RESERVATIONS_PAGE: u32 = 500;
+/// Attachment labels in one LIST's selector (16 hex digits each: 1.7 KB of URL).
+const LABELS_AT_ONCE: usize = 100;
 
 /// What a guarded write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,11 +178,36 @@ impl KubeStore {
         Ok(held)
     }
 
-    /// Every reservation of the namespace (`only`: of these pods).
+    /// The reservations of the pass: every one of the namespace, or, for a
+    /// delete pass (`only` its pods), those of the entries read.
     async fn read_reservations(&self, held: &mut Holdings, only: Option<&BTreeSet<String>>) -> Result<(), ApiError> {
+        let every = crd::collection_path(&self.namespace, RESERVATIONS);
+        let Some(pods) = only else { return self.read_reservations_at(&every, held, None).await };
+        // By their attachment label, instead of paging through every
+        // reservation of the namespace (120 000 at 60 000 dual-stack pods)
+        // before the first entry is freed. A reservation without its entry
+        // is an ADD in flight for an unbacked grace, which a full pass
+        // frees. whereabouts labels none: when an entry is left without its
+        // reservation, every one is read after all.
+        let labels: BTreeSet<String> = held.entries.iter().map(|e| crd::attachment_label(&e.holder.container_id, &e.holder.ifname)).collect();
+        let labels: Vec<String> = labels.into_iter().collect();
+        for chunk in labels.chunks(LABELS_AT_ONCE) {
+            self.read_reservations_at(&crd::labelled_reservations_path(&self.namespace, chunk), held, only).await?;
+        }
+        let index = EntryIndex::for_reservations(&held.entries, &held.reservations);
+        let backed: HashSet<(&str, &str)> = held.reservations.iter().flat_map(|r| index.backed_by(r)).map(|e| (e.pool.as_ref(), e.key.as_str())).collect();
+        if backed.len() < held.entries.len() {
+            held.reservations.clear();
+            self.read_reservations_at(&every, held, Some(pods)).await?;
+        }
+        Ok(())
+    }
+
+    /// The reservations `path` lists (`only`: of these pods), page by page.
+    async fn read_reservations_at(&self, path: &str, held: &mut Holdings, only: Option<&BTreeSet<String>>) -> Result<(), ApiError> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
         self.api
-            .list_pages::<Value>(&crd::collection_path(&self.namespace, RESERVATIONS), RESERVATIONS_PAGE, |object| {
+            .list_pages::<Value>(path, RESERVATIONS_PAGE, |object| {
                 let r = crd::parse_reservation(&object);
                 if only.is_some_and(|o| !o.contains(&r.podref)) {
                     return;

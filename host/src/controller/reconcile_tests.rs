@@ -71,25 +71,57 @@ async fn a_pass_reads_then_frees_with_guarded_writes_after_the_lease_check() {
     assert_eq!(log.body(8)["reason"], "IPAddressGarbageCollected");
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn a_delete_pass_reads_by_name_the_pools_its_pods_held_at_the_last_read_of_every_pool() {
-    let gone = |pod: &str| Scope::Pods([pod.to_string()].into());
-    let pool = reads().remove(0);
-    let mut script = reads();
-    script.extend([pool, list(vec![]), Answer::Status(404, "not found", Value::Null)]);
-    script.extend([list(vec![]), list(vec![])]);
+/// The LIST of the reservations labelled with `gone`'s attachment.
+fn labelled() -> String {
+    let label = crate::datastore::kubernetes::crd::attachment_label("c-gone", "net1");
+    format!(
+        "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/overlappingrangeipreservations?labelSelector=thereabouts.cni.dev%2Fattachment%20in%20%28{label}%29&limit=500"
+    )
+}
+
+/// A reconciler on `script` that writes nothing (dry passes), and its log.
+fn dry_reconciler(script: Vec<Answer>) -> (super::reconcile::Reconciler, Log) {
     let (client, log, _) = mock_api::client("kube-system", script);
     let metrics = Metrics::new();
     let store = super::kube_store(client.clone(), &metrics, "kube-system");
-    let reconciler = super::reconciler(client, metrics, store, "me", WriteGuard::Unguarded, std::time::Duration::from_secs(60), std::time::Duration::ZERO);
+    (super::reconciler(client, metrics, store, "me", WriteGuard::Unguarded, std::time::Duration::from_secs(60), std::time::Duration::ZERO), log)
+}
+
+fn gone(pod: &str) -> Scope {
+    Scope::Pods([pod.to_string()].into())
+}
+
+/// A LIST by name: the controller may list pools, not get them.
+const POOL_BY_NAME: &str = "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools?fieldSelector=metadata.name%3Dblue-192.0.2.0-24";
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_delete_pass_reads_by_name_the_pools_its_pods_held_at_the_last_read_of_every_pool() {
+    let (pool, orip) = (reads().remove(0), reads().remove(1));
+    let mut script = reads();
+    script.extend([pool, orip, Answer::Status(404, "not found", Value::Null)]);
+    script.extend([list(vec![])]);
+    let (reconciler, log) = dry_reconciler(script);
 
     reconciler.pass(&Scope::Full, true).await.unwrap();
-    assert_eq!(reconciler.pass(&gone("default/gone"), true).await.unwrap().entries.len(), 1);
+    let report = reconciler.pass(&gone("default/gone"), true).await.unwrap();
+    assert_eq!((report.entries.len(), report.reservations.len()), (1, 1));
     // A pod no pool held then: it may have an entry since, so every pool.
     reconciler.pass(&gone("default/new"), true).await.unwrap();
-    // A LIST by name: the controller may list pools, not get them.
-    let pool = "GET /apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/ippools?fieldSelector=metadata.name%3Dblue-192.0.2.0-24";
-    assert_eq!(log.lines()[4..], [pool, ORIPS, "GET /api/v1/namespaces/default/pods/gone", POOLS, ORIPS]);
+    assert_eq!(log.lines()[4..], [POOL_BY_NAME, &labelled(), "GET /api/v1/namespaces/default/pods/gone", POOLS]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_delete_pass_reads_every_reservation_when_one_of_its_entries_has_no_labelled_one() {
+    // whereabouts labels none of its reservations.
+    let (pool, orip) = (reads().remove(0), reads().remove(1));
+    let mut script = reads();
+    script.extend([pool, list(vec![]), orip, Answer::Status(404, "not found", Value::Null)]);
+    let (reconciler, log) = dry_reconciler(script);
+
+    reconciler.pass(&Scope::Full, true).await.unwrap();
+    let report = reconciler.pass(&gone("default/gone"), true).await.unwrap();
+    assert_eq!((report.entries.len(), report.reservations.len()), (1, 1));
+    assert_eq!(log.lines()[4..], [POOL_BY_NAME, &labelled(), ORIPS, "GET /api/v1/namespaces/default/pods/gone"]);
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -149,4 +181,61 @@ async fn the_node_watch_lists_and_watches_metadata_only() {
     }
     let nodes: Vec<String> = log.sent().into_iter().filter(|s| s.line.starts_with("GET /api/v1/nodes")).map(|s| s.accept).collect();
     assert_eq!(nodes, [METADATA_LIST, METADATA]);
+}
+
+/// A node-slice pass with nothing to do.
+struct NoSlices;
+
+impl super::NodeSlicePass for NoSlices {
+    async fn run(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+fn options() -> super::Options {
+    let secs = std::time::Duration::from_secs;
+    super::Options {
+        kubeconfig: None,
+        namespace: "kube-system".into(),
+        identity: "me".into(),
+        lease_seconds: 15,
+        resync: secs(30),
+        cool_down: secs(150),
+        slice_objects: false,
+        reconcile_interval: secs(300),
+        completed_grace: secs(60),
+        unbacked_grace: secs(90),
+        etcd_configs: vec![],
+        metrics_address: String::new(),
+        once: false,
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_deleted_pod_is_freed_while_a_full_pass_is_in_progress() {
+    // The full pass's first read never answers; the delete pass reads every
+    // pool (there was no full read yet), the labelled reservation, the pod.
+    let (pool, orip) = (reads().remove(0), reads().remove(1));
+    let done = || Answer::Ok(json!({}));
+    let script = vec![Answer::Silent, pool, orip, Answer::Status(404, "not found", Value::Null), done(), done(), done()];
+    let (client, log, _) = mock_api::client("kube-system", script);
+    let metrics = Metrics::new();
+    let store = super::kube_store(client.clone(), &metrics, "kube-system");
+    let reconcilers =
+        [super::reconciler(client, metrics.clone(), store, "me", WriteGuard::Unguarded, std::time::Duration::from_secs(60), std::time::Duration::ZERO)];
+    let (_watchers, mut triggered) = tokio::sync::mpsc::channel(1);
+    let (events, mut pod_events) = tokio::sync::mpsc::unbounded_channel();
+    events.send(super::PodEvent::Deleted("default/gone".into())).unwrap();
+
+    let freed = async {
+        while !log.lines().iter().any(|l| l == PATCH) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    let (mut slices, options) = (NoSlices, options());
+    tokio::select! {
+        outcome = super::lead(&mut slices, &reconcilers, &mut triggered, &mut pod_events, &metrics, &options) => panic!("the loops ended: {outcome:?}"),
+        waited = tokio::time::timeout(std::time::Duration::from_secs(10), freed) => waited.expect("the delete waited for the full pass"),
+    }
+    assert_eq!(log.lines()[..2], [POOLS, POOLS], "the full pass's read was first, and is still unanswered");
 }

@@ -105,6 +105,13 @@ pub fn attachment_reservations_path(namespace: &str, container_id: &str, ifname:
     format!("{}?labelSelector={}", collection_path(namespace, RESERVATIONS), escape(&selector))
 }
 
+/// The collection path listing the reservations labelled for any of
+/// `labels` ([`attachment_label`] values), with one set-based selector.
+pub fn labelled_reservations_path(namespace: &str, labels: &[String]) -> String {
+    let selector = format!("{ATTACHMENT_LABEL} in ({})", labels.join(","));
+    format!("{}?labelSelector={}", collection_path(namespace, RESERVATIONS), escape(&selector))
+}
+
 pub fn new_reservation(name: &str, namespace: &str, holder: &Allocation) -> Value {
     json!({
         "apiVersion": api_version(),
