@@ -266,17 +266,24 @@ async fn lead(
 /// re-list, a failed pass) and wakes the periodic loop.
 struct FullDue {
     at: std::cell::Cell<Instant>,
+    /// Why it is due then (for the log line of the pass).
+    why: std::cell::Cell<&'static str>,
     sooner: tokio::sync::Notify,
 }
 
 impl FullDue {
     fn now() -> Self {
-        FullDue { at: std::cell::Cell::new(Instant::now()), sooner: tokio::sync::Notify::new() }
+        FullDue { at: std::cell::Cell::new(Instant::now()), why: std::cell::Cell::new("start"), sooner: tokio::sync::Notify::new() }
     }
 
-    fn bring_forward(&self, at: Instant) {
+    fn set(&self, at: Instant, why: &'static str) {
+        self.at.set(at);
+        self.why.set(why);
+    }
+
+    fn bring_forward(&self, at: Instant, why: &'static str) {
         if at < self.at.get() {
-            self.at.set(at);
+            self.set(at, why);
             self.sooner.notify_one();
         }
     }
@@ -305,9 +312,10 @@ async fn periodic_passes(
             next_slices = Instant::now() + options.resync;
         }
         if Instant::now() >= full_due.at.get() {
+            crate::logging::verbose(format!("controller: full reconcile pass ({})", full_due.why.get()));
             // A failed pass (the apiserver away, a lost Lease) is tried again soon.
             let (ok, recheck) = run_passes(reconcilers, &reconcile::Scope::Full).await;
-            full_due.at.set(next_full_after(ok, recheck, options.reconcile_interval));
+            full_due.set(next_full_after(ok, recheck, options.reconcile_interval), full_reason(ok, recheck, options.reconcile_interval));
         }
         tokio::select! {
             woken = triggered.recv() => {
@@ -345,14 +353,15 @@ async fn delete_passes(
             }
             seen = now;
         }
-        match collect_deletes(event, events) {
-            Some(pods) => {
-                let (ok, recheck) = run_passes(reconcilers, &reconcile::Scope::Pods(pods)).await;
-                if !ok || recheck.is_some() {
-                    full_due.bring_forward(next_full_after(ok, recheck, options.reconcile_interval));
-                }
+        let (pods, relisted) = collect_deletes(event, events);
+        if relisted {
+            full_due.bring_forward(Instant::now(), "the pod watch listed again");
+        }
+        if !pods.is_empty() {
+            let (ok, recheck) = run_passes(reconcilers, &reconcile::Scope::Pods(pods)).await;
+            if !ok || recheck.is_some() {
+                full_due.bring_forward(next_full_after(ok, recheck, options.reconcile_interval), full_reason(ok, recheck, options.reconcile_interval));
             }
-            None => full_due.bring_forward(Instant::now()),
         }
     }
 }
@@ -383,6 +392,16 @@ fn next_full_after(ok: bool, recheck: Option<Duration>, interval: Duration) -> I
     Instant::now() + recheck.map_or(wait, |r| wait.min(r + RECHECK_MARGIN))
 }
 
+/// Why [`next_full_after`] chose its time.
+fn full_reason(ok: bool, recheck: Option<Duration>, interval: Duration) -> &'static str {
+    let wait = if ok { interval } else { interval.min(RETRY_FAILED_PASS) };
+    match recheck {
+        Some(r) if r + RECHECK_MARGIN < wait => "a reservation's unbacked grace ends",
+        _ if !ok => "a pass failed",
+        _ => "interval",
+    }
+}
+
 /// The etcd datastore a network config (or flat file) names.
 pub async fn etcd_store_of(engine: &mut crate::component::EngineComponent, path: &std::path::Path) -> Result<store::Store> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -395,9 +414,10 @@ pub async fn etcd_store_of(engine: &mut crate::component::EngineComponent, path:
     )))
 }
 
-/// The deletes already queued with `first`, as one set; `None` when a
-/// re-list among them calls for a full pass.
-fn collect_deletes(first: PodEvent, queued: &mut mpsc::UnboundedReceiver<PodEvent>) -> Option<BTreeSet<String>> {
+/// The deletes already queued with `first`, as one set, and whether a
+/// re-list came among them (deletes in between were not seen: a full pass
+/// is due). The deletes seen are freed either way, without waiting for it.
+fn collect_deletes(first: PodEvent, queued: &mut mpsc::UnboundedReceiver<PodEvent>) -> (BTreeSet<String>, bool) {
     let mut pods = BTreeSet::new();
     let mut relisted = false;
     for event in std::iter::once(first).chain(std::iter::from_fn(|| queued.try_recv().ok())) {
@@ -408,7 +428,7 @@ fn collect_deletes(first: PodEvent, queued: &mut mpsc::UnboundedReceiver<PodEven
             PodEvent::Relisted => relisted = true,
         }
     }
-    (!relisted).then_some(pods)
+    (pods, relisted)
 }
 
 /// Pod deletes, from a metadata-only watch of every pod (a few hundred bytes

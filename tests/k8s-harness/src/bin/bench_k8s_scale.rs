@@ -18,6 +18,7 @@
 //! `--deleted 100` then deletes that many Pods at once without a DEL and
 //! follows the IPPools until the controller has freed them (delete-to-free).
 //! `--pods 10000,30000,60000` runs each size on a fresh control plane;
+//! `THEREABOUTS_SCALE_LOGS=DIR` keeps each size's controller log there;
 //! `--svg-sizes FILE` plots the controller's peak RSS and pass time, etcd's
 //! database and delete-to-free against the cluster's pods, with the least-
 //! squares line `a + b·pods` of each carried to 150 000 pods.
@@ -399,6 +400,11 @@ fn run(o: &Options, pods: usize, fill: Fill, bound: u32) -> Result<Run> {
     let freed = delete_to_free(o, &rt, &client, &holders)?;
     let control = ControllerFigures::of(&controller);
     let etcd_db_bytes = std::fs::metadata(cluster.dir().join("etcd/member/snap/db")).map_or(0, |m| m.len());
+    // Why each controller pass ran, for a look afterwards.
+    if let Some(dir) = std::env::var_os("THEREABOUTS_SCALE_LOGS") {
+        let kept = PathBuf::from(dir).join(format!("controller-{pods}.log"));
+        std::fs::copy(work.path().join("controller.log"), &kept).with_context(|| format!("keeping the controller's log as {}", kept.display()))?;
+    }
     Ok(Run {
         fill,
         bound,
