@@ -315,7 +315,8 @@ async fn periodic_passes(
             crate::logging::verbose(format!("controller: full reconcile pass ({})", full_due.why.get()));
             // A failed pass (the apiserver away, a lost Lease) is tried again soon.
             let (ok, recheck) = run_passes(reconcilers, &reconcile::Scope::Full).await;
-            full_due.set(next_full_after(ok, recheck, options.reconcile_interval), full_reason(ok, recheck, options.reconcile_interval));
+            let (at, why) = next_full_after(ok, recheck, options.reconcile_interval);
+            full_due.set(at, why);
         }
         tokio::select! {
             woken = triggered.recv() => {
@@ -360,7 +361,8 @@ async fn delete_passes(
         if !pods.is_empty() {
             let (ok, recheck) = run_passes(reconcilers, &reconcile::Scope::Pods(pods)).await;
             if !ok || recheck.is_some() {
-                full_due.bring_forward(next_full_after(ok, recheck, options.reconcile_interval), full_reason(ok, recheck, options.reconcile_interval));
+                let (at, why) = next_full_after(ok, recheck, options.reconcile_interval);
+                full_due.bring_forward(at, why);
             }
         }
     }
@@ -385,20 +387,13 @@ async fn run_passes(reconcilers: &[reconcile::Reconciler], scope: &reconcile::Sc
 }
 
 /// When the next full pass is due after one that went `ok` and wants a
-/// look again in `recheck`.
-fn next_full_after(ok: bool, recheck: Option<Duration>, interval: Duration) -> Instant {
-    let wait = if ok { interval } else { interval.min(RETRY_FAILED_PASS) };
+/// look again in `recheck`, and why then (for the pass's log line).
+fn next_full_after(ok: bool, recheck: Option<Duration>, interval: Duration) -> (Instant, &'static str) {
+    let (wait, why) = if ok { (interval, "interval") } else { (interval.min(RETRY_FAILED_PASS), "a pass failed") };
     // Just past the grace, so the reservation has waited all of it.
-    Instant::now() + recheck.map_or(wait, |r| wait.min(r + RECHECK_MARGIN))
-}
-
-/// Why [`next_full_after`] chose its time.
-fn full_reason(ok: bool, recheck: Option<Duration>, interval: Duration) -> &'static str {
-    let wait = if ok { interval } else { interval.min(RETRY_FAILED_PASS) };
-    match recheck {
-        Some(r) if r + RECHECK_MARGIN < wait => "a reservation's unbacked grace ends",
-        _ if !ok => "a pass failed",
-        _ => "interval",
+    match recheck.map(|r| r + RECHECK_MARGIN) {
+        Some(r) if r < wait => (Instant::now() + r, "a reservation's unbacked grace ends"),
+        _ => (Instant::now() + wait, why),
     }
 }
 

@@ -79,8 +79,8 @@ fn labelled() -> String {
     )
 }
 
-/// A reconciler on `script` that writes nothing (dry passes), and its log.
-fn dry_reconciler(script: Vec<Answer>) -> (super::reconcile::Reconciler, Log) {
+/// A reconciler on `script` that writes without a Lease check, and its log.
+fn unguarded_reconciler(script: Vec<Answer>) -> (super::reconcile::Reconciler, Log) {
     let (client, log, _) = mock_api::client("kube-system", script);
     let metrics = Metrics::new();
     let store = super::kube_store(client.clone(), &metrics, "kube-system");
@@ -100,7 +100,7 @@ async fn a_delete_pass_reads_by_name_the_pools_its_pods_held_at_the_last_read_of
     let mut script = reads();
     script.extend([pool, orip, Answer::Status(404, "not found", Value::Null)]);
     script.extend([list(vec![])]);
-    let (reconciler, log) = dry_reconciler(script);
+    let (reconciler, log) = unguarded_reconciler(script);
 
     reconciler.pass(&Scope::Full, true).await.unwrap();
     let report = reconciler.pass(&gone("default/gone"), true).await.unwrap();
@@ -116,7 +116,7 @@ async fn a_delete_pass_reads_every_reservation_when_one_of_its_entries_has_no_la
     let (pool, orip) = (reads().remove(0), reads().remove(1));
     let mut script = reads();
     script.extend([pool, list(vec![]), orip, Answer::Status(404, "not found", Value::Null)]);
-    let (reconciler, log) = dry_reconciler(script);
+    let (reconciler, log) = unguarded_reconciler(script);
 
     reconciler.pass(&Scope::Full, true).await.unwrap();
     let report = reconciler.pass(&gone("default/gone"), true).await.unwrap();
@@ -218,11 +218,8 @@ async fn a_deleted_pod_is_freed_while_a_full_pass_is_in_progress() {
     let (pool, orip) = (reads().remove(0), reads().remove(1));
     let done = || Answer::Ok(json!({}));
     let script = vec![Answer::Silent, pool, orip, Answer::Status(404, "not found", Value::Null), done(), done(), done()];
-    let (client, log, _) = mock_api::client("kube-system", script);
-    let metrics = Metrics::new();
-    let store = super::kube_store(client.clone(), &metrics, "kube-system");
-    let reconcilers =
-        [super::reconciler(client, metrics.clone(), store, "me", WriteGuard::Unguarded, std::time::Duration::from_secs(60), std::time::Duration::ZERO)];
+    let (reconciler, log) = unguarded_reconciler(script);
+    let (reconcilers, metrics) = ([reconciler], Metrics::new());
     let (_watchers, mut triggered) = tokio::sync::mpsc::channel(1);
     let (events, mut pod_events) = tokio::sync::mpsc::unbounded_channel();
     events.send(super::PodEvent::Deleted("default/gone".into())).unwrap();

@@ -101,15 +101,18 @@ pub fn attachment_label(container_id: &str, ifname: &str) -> String {
 
 /// The collection path listing the reservations labelled for one attachment.
 pub fn attachment_reservations_path(namespace: &str, container_id: &str, ifname: &str) -> String {
-    let selector = format!("{ATTACHMENT_LABEL}={}", attachment_label(container_id, ifname));
-    format!("{}?labelSelector={}", collection_path(namespace, RESERVATIONS), escape(&selector))
+    reservations_selected(namespace, &format!("{ATTACHMENT_LABEL}={}", attachment_label(container_id, ifname)))
 }
 
 /// The collection path listing the reservations labelled for any of
 /// `labels` ([`attachment_label`] values), with one set-based selector.
 pub fn labelled_reservations_path(namespace: &str, labels: &[String]) -> String {
-    let selector = format!("{ATTACHMENT_LABEL} in ({})", labels.join(","));
-    format!("{}?labelSelector={}", collection_path(namespace, RESERVATIONS), escape(&selector))
+    reservations_selected(namespace, &format!("{ATTACHMENT_LABEL} in ({})", labels.join(",")))
+}
+
+/// The collection path listing the reservations that label `selector` selects.
+fn reservations_selected(namespace: &str, selector: &str) -> String {
+    format!("{}?labelSelector={}", collection_path(namespace, RESERVATIONS), escape(selector))
 }
 
 pub fn new_reservation(name: &str, namespace: &str, holder: &Allocation) -> Value {
