@@ -375,7 +375,15 @@ async fn manifests_pass_strict_server_side_validation() {
     let kind_of = |o: &kube::api::DynamicObject| o.types.as_ref().unwrap().kind.clone();
     let mut kinds: Vec<String> = control.iter().map(kind_of).collect();
     kinds.sort();
-    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]);
+    assert_eq!(
+        kinds,
+        ["ClusterRole", "ClusterRoleBinding", "Deployment", "FlowSchema", "PriorityLevelConfiguration", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    );
+    // Its requests have a priority level of their own, matched by its ServiceAccount.
+    let schema = control.iter().find(|o| kind_of(o) == "FlowSchema").unwrap();
+    let level = control.iter().find(|o| kind_of(o) == "PriorityLevelConfiguration").unwrap();
+    assert_eq!(schema.data["spec"]["priorityLevelConfiguration"]["name"], json!(level.metadata.name));
+    assert_eq!(schema.data["spec"]["rules"][0]["subjects"][0]["serviceAccount"], json!({"name": "thereabouts-controller", "namespace": NAMESPACE}));
     let deployment = control.iter().find(|o| kind_of(o) == "Deployment").unwrap();
     // The metrics Service selects the Deployment's pods, on the port its probes use.
     let service = control.iter().find(|o| kind_of(o) == "Service").unwrap();
