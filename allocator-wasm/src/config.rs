@@ -35,7 +35,7 @@ pub const FLAT_FILE_PATHS: [&str; 4] = [
 
 /// `ipam` keys merged from the flat file when the inline config leaves them empty.
 /// `enable_overlapping_ranges` is deliberately absent: the flat file cannot change it.
-const MERGED_KEYS: [&str; 32] = [
+const MERGED_KEYS: [&str; 35] = [
     "range",
     "range_start",
     "range_end",
@@ -68,6 +68,9 @@ const MERGED_KEYS: [&str; 32] = [
     "node_slice_max_entries",
     "ipRangesAllocation",
     "policies",
+    "preferred_ip_annotation",
+    "exclude_gateway",
+    "optimistic_ipam",
 ];
 
 /// Nested objects merged field by field (mergo's deep merge through structs).
@@ -347,6 +350,17 @@ fn ranges_allocation(ipam: &Map<String, Value>) -> Result<RangesAllocation> {
     }
 }
 
+/// `preferred_ip_annotation`, and the keys whereabouts PR #681 (open) adds
+/// that mean nothing new here, checked as what they are and accepted:
+/// `exclude_gateway` (thereabouts never hands out a gateway) and
+/// `optimistic_ipam` (thereabouts takes no lease: every write is a
+/// compare-and-swap).
+fn pr681_keys(ipam: &Map<String, Value>) -> Result<bool> {
+    gojson::boolean(ipam, "exclude_gateway", "ipam.exclude_gateway")?;
+    gojson::boolean(ipam, "optimistic_ipam", "ipam.optimistic_ipam")?;
+    Ok(gojson::boolean(ipam, "preferred_ip_annotation", "ipam.preferred_ip_annotation")?.unwrap_or(false))
+}
+
 /// Versions before 0.3.0 carry one `ip4` and one `ip6` in a result.
 fn check_addresses_fit_version(cni_version: &str, ranges: &[NormalizedRange], statics: &[StaticAddress]) -> Result<()> {
     if !matches!(cni_version, "0.1.0" | "0.2.0") {
@@ -467,6 +481,7 @@ pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) 
         network_name,
         ranges,
         ip_ranges_allocation: ranges_allocation(&ipam)?,
+        preferred_ip_annotation: pr681_keys(&ipam)?,
         policies: crate::policies_config::policies(&ipam)?,
         addresses,
         routes_json,

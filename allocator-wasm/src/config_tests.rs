@@ -358,3 +358,17 @@ fn policies_are_read_from_ipam_and_their_errors_name_the_field() {
     let e = err(json!({"type": "whereabouts", "range": "192.0.2.0/24", "policies": "zone"}));
     assert_eq!((e.code, e.field.as_str()), (7, "ipam.policies"));
 }
+
+#[test]
+fn whereabouts_pr_681_keys_are_accepted_and_type_checked() {
+    let with = |extra: &str| {
+        normalize(&format!(r#"{{"cniVersion": "1.0.0", "name": "n", "ipam": {{"type": "whereabouts", "range": "192.0.2.0/24"{extra}}}}}"#), None, "")
+    };
+    assert!(!with("").unwrap().preferred_ip_annotation);
+    let c = with(r#", "preferred_ip_annotation": true, "exclude_gateway": true, "optimistic_ipam": false"#).unwrap();
+    assert!(c.preferred_ip_annotation);
+    for key in ["preferred_ip_annotation", "exclude_gateway", "optimistic_ipam"] {
+        let e = with(&format!(r#", "{key}": "yes""#)).unwrap_err();
+        assert_eq!(e.field, format!("ipam.{key}"), "{}", e.message);
+    }
+}

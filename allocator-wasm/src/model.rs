@@ -99,6 +99,9 @@ pub struct NormalizedConfig {
     pub ranges: Vec<NormalizedRange>,
     /// `ipRangesAllocation`: every range, or the first with a free address.
     pub ip_ranges_allocation: RangesAllocation,
+    /// `preferred_ip_annotation`: the host reads the pod's
+    /// `whereabouts.cni.cncf.io/preferred-ip` into [`Request::preferred`].
+    pub preferred_ip_annotation: bool,
     /// `policies`, validated (see `crate::policies_config`).
     pub policies: Vec<PolicyConfig>,
     pub addresses: Vec<StaticAddress>,
@@ -245,6 +248,8 @@ pub struct Request {
     /// What the config's policies decided (see `guidance` in the WIT and
     /// [`crate::guidance`]); `None` without policies.
     pub guidance: Option<Guidance>,
+    /// Addresses the pod prefers (see `request.preferred` in the WIT).
+    pub preferred: Vec<String>,
 }
 
 /// Policies' decisions for one attachment (see `guidance` in the WIT).

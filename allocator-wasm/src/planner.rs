@@ -272,6 +272,9 @@ fn plan_range(at: &RangeAt, pool: &PoolSnapshot, mut also_reserved: Vec<u128>, r
     }
     // Refused addresses are skipped as if excluded, under contention too.
     also_reserved.extend(refused);
+    if let Some(offset) = free_preferred(range, pool, &also_reserved, &req.preferred) {
+        return Ok(PlanOutcome::Fresh { assignment: assignment(at, offset, network_name) });
+    }
     let window = spread_window(req.contention);
     let mut free = FreeRanks::new(range, pool, &also_reserved, window);
     let chosen = if window == 1 {
@@ -312,6 +315,15 @@ fn plan_preferred(
             message: format!("policy preference in range {cidr}: every preferred address is taken: {}", prefer.join(", ")),
         }),
     }
+}
+
+/// The first of the pod's preferred addresses that this range hands out and
+/// that is free, if any. Unlike a requested address or a policy's preference,
+/// one that cannot be had here is no error: it may be another range's (the
+/// other family), and a preference yields to the configured choice
+/// (whereabouts PR #681's `preferred-ip`).
+fn free_preferred(range: &NormalizedRange, pool: &PoolSnapshot, also_reserved: &[u128], preferred: &[String]) -> Option<u128> {
+    preferred.iter().filter_map(|text| guidance::preferred_offset(range, text).ok()).find(|&o| !also_reserved.contains(&o) && !pool.occupied().any(|t| t == o))
 }
 
 fn plan_requested(at: &RangeAt, mut taken: impl Iterator<Item = u128>, refused: &[u128], text: &str, network_name: &str) -> Result<PlanOutcome, PlanFailure> {
@@ -381,6 +393,7 @@ pub fn plan_all(config: &NormalizedConfig, pools: &[PoolState], reservations: Re
             requested_ip: range.requested.clone(),
             contention: req.contention,
             guidance: None,
+            preferred: req.preferred.clone(),
         };
         let mut also_reserved = match reservations {
             Reservations::FromPools if config.enable_overlapping_ranges => pools::held_by_other_pools(config, pools, range),

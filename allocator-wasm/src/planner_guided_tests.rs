@@ -19,7 +19,15 @@ fn first_available(ranges: serde_json::Value) -> NormalizedConfig {
 }
 
 fn req(pod: &str) -> Request {
-    Request { container_id: format!("c-{pod}"), pod_ref: format!("default/{pod}"), ifname: "eth0".into(), requested_ip: None, contention: 0, guidance: None }
+    Request {
+        container_id: format!("c-{pod}"),
+        pod_ref: format!("default/{pod}"),
+        ifname: "eth0".into(),
+        requested_ip: None,
+        contention: 0,
+        guidance: None,
+        preferred: Vec::new(),
+    }
 }
 
 fn guided(pod: &str, ranges: Option<Vec<u32>>, picks: Vec<RangePick>) -> Request {
@@ -324,4 +332,37 @@ fn preview_with_first_available_fills_each_range_in_turn() {
         assert_eq!(line.split(' ').nth(a.range_index as usize), Some(a.address.as_str()));
         pools[a.range_index as usize].snapshot.taken.push(a.offset as u64);
     }
+}
+
+fn preferring(pod: &str, addresses: &[&str]) -> Request {
+    Request { preferred: addresses.iter().map(|a| a.to_string()).collect(), ..req(pod) }
+}
+
+#[test]
+fn a_preferred_address_is_served_in_the_range_of_its_family_when_free() {
+    let c = all(serde_json::json!([{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64"}]));
+    let out = plan_all(&c, &[pool("192.0.2.0-24", &[1])], Reservations::AsRead, &preferring("a", &["192.0.2.9"]));
+    assert_eq!(served(out), [(0, "192.0.2.9".into()), (1, "2001:db8::1".into())], "the other family plans as configured");
+    let out = plan_all(&c, &[], Reservations::AsRead, &preferring("a", &["192.0.2.9", "2001:db8::9"]));
+    assert_eq!(served(out), [(0, "192.0.2.9".into()), (1, "2001:db8::9".into())]);
+}
+
+#[test]
+fn a_preferred_address_that_cannot_be_had_yields_to_the_configured_choice() {
+    let c = all(serde_json::json!([{"range": "192.0.2.0/24", "exclude": ["192.0.2.16/30"], "gateway": "192.0.2.254"}]));
+    for (preferred, why) in
+        [("192.0.2.5", "taken"), ("192.0.2.17", "excluded"), ("192.0.2.254", "the gateway"), ("198.51.100.1", "outside"), ("x", "not an address")]
+    {
+        let out = plan_all(&c, &[pool("192.0.2.0-24", &[5])], Reservations::AsRead, &preferring("a", &[preferred]));
+        assert_eq!(served(out), [(0, "192.0.2.1".into())], "{preferred} is {why}");
+    }
+}
+
+#[test]
+fn the_pods_own_address_and_a_policys_pick_come_before_its_preference() {
+    let c = all(serde_json::json!([{"range": "192.0.2.0/24"}]));
+    let out = plan_all(&c, &[holding("192.0.2.0-24", "a", 7, &[])], Reservations::AsRead, &preferring("a", &["192.0.2.9"]));
+    assert_eq!(out.unwrap()[0].assignment().ip, "192.0.2.7");
+    let both = Request { guidance: Some(Guidance { ranges: None, picks: vec![prefer(0, &["192.0.2.3"])] }), ..preferring("a", &["192.0.2.9"]) };
+    assert_eq!(served(plan_all(&c, &[], Reservations::AsRead, &both)), [(0, "192.0.2.3".into())]);
 }

@@ -21,6 +21,7 @@ fn req(pod: &str, ifname: &str) -> Request {
         requested_ip: None,
         contention: 0,
         guidance: None,
+        preferred: Vec::new(),
     }
 }
 
@@ -212,7 +213,15 @@ fn without_pod_ref_container_id_and_ifname_identify_the_attachment() {
     let r = range("192.0.2.0/24");
     let held = vec![Allocation { offset: 4, container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into() }];
     let pool = PoolSnapshot { held, ..taken(&[4]) };
-    let request = Request { container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into(), requested_ip: None, contention: 0, guidance: None };
+    let request = Request {
+        container_id: "ctr".into(),
+        pod_ref: String::new(),
+        ifname: "eth0".into(),
+        requested_ip: None,
+        contention: 0,
+        guidance: None,
+        preferred: Vec::new(),
+    };
     assert!(matches!(plan(&r, &pool, &request), Ok(PlanOutcome::Reuse { .. })));
 }
 

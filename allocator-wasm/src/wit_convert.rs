@@ -125,6 +125,7 @@ macro_rules! wit_conversions {
                     enable_overlapping_ranges: c.enable_overlapping_ranges,
                     ranges: c.ranges.iter().map(range_to_wit).collect(),
                     ip_ranges_allocation: ranges_allocation_to_wit(c.ip_ranges_allocation),
+                    preferred_ip_annotation: c.preferred_ip_annotation,
                     policies: c.policies.iter().map(policy_to_wit).collect(),
                     addresses: c
                         .addresses
@@ -157,6 +158,7 @@ macro_rules! wit_conversions {
                 Ok(model::NormalizedConfig {
                     ranges: c.ranges.into_iter().map(range_from_wit).collect::<Result<_, _>>()?,
                     ip_ranges_allocation: ranges_allocation_from_wit(c.ip_ranges_allocation),
+                    preferred_ip_annotation: c.preferred_ip_annotation,
                     policies: c.policies.into_iter().map(policy_from_wit).collect(),
                     addresses: c
                         .addresses
@@ -312,6 +314,7 @@ macro_rules! wit_conversions {
                     ifname: r.ifname.clone(),
                     contention: r.contention,
                     guidance: r.guidance.as_ref().map(guidance_to_wit),
+                    preferred: r.preferred.clone(),
                 }
             }
 
@@ -324,6 +327,7 @@ macro_rules! wit_conversions {
                     requested_ip: None,
                     contention: r.contention,
                     guidance: r.guidance.map(guidance_from_wit),
+                    preferred: r.preferred,
                 }
             }
 

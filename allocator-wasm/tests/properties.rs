@@ -92,7 +92,15 @@ fn normalize_entry(entry: &serde_json::Value) -> Option<NormalizedConfig> {
 }
 
 fn req(i: usize) -> Request {
-    Request { container_id: format!("c{i}"), pod_ref: format!("ns/pod{i}"), ifname: "eth0".into(), requested_ip: None, contention: 0, guidance: None }
+    Request {
+        container_id: format!("c{i}"),
+        pod_ref: format!("ns/pod{i}"),
+        ifname: "eth0".into(),
+        requested_ip: None,
+        contention: 0,
+        guidance: None,
+        preferred: Vec::new(),
+    }
 }
 
 proptest! {

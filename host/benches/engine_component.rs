@@ -48,6 +48,7 @@ fn request() -> native::Request {
         requested_ip: None,
         contention: 0,
         guidance: None,
+        preferred: Vec::new(),
     }
 }
 

@@ -302,12 +302,21 @@ pub fn plan_once(
         requested_ip: None,
         contention: 0,
         guidance: None,
+        preferred: Vec::new(),
     };
     let asking = Holder { container_id: &request.container_id, pod_ref: &request.pod_ref, ifname: &request.ifname };
     let states = states_of(config, &loaded, asking, false);
     let planned = guide.plan(engine, config, &states, Reservations::AsRead, &mut request)?.planned;
     let outcomes = planned.map_err(plan_failure)?;
     Ok(outcomes.iter().map(|o| o.assignment().address.clone()).collect())
+}
+
+/// What an ADD asks for beyond its config: the policies' decisions, and the
+/// addresses its pod prefers (`preferred_ip_annotation`).
+#[derive(Clone, Copy, Default)]
+pub struct Wishes<'w, 'e> {
+    pub guide: Option<&'w Guide<'w, 'e>>,
+    pub preferred: &'w [String],
 }
 
 /// ADD: one address from every range (`ipRangesAllocation` `all`) or from the
@@ -320,9 +329,10 @@ pub fn allocate(
     config: &NormalizedConfig,
     placement: &Placement,
     who: Attachment,
-    guide: Option<&Guide>,
+    wishes: Wishes,
     deadline: Instant,
 ) -> Result<Vec<Assignment>, IpamError> {
+    let Wishes { guide, preferred } = wishes;
     let mut request = Request {
         container_id: who.container_id.into(),
         pod_ref: config.pod_ref.clone(),
@@ -330,6 +340,7 @@ pub fn allocate(
         requested_ip: None,
         contention: 0,
         guidance: None,
+        preferred: preferred.to_vec(),
     };
     let pools = placement.pools();
     let reserving = reserves(store, config);
@@ -923,7 +934,7 @@ mod tests {
         let entry = Allocation { offset: 5, container_id: "c1".into(), pod_ref: "default/p".into(), ifname: "eth0".into() };
         let store = Scripted { pool: Pool { version: Version("3".into()), entries: vec![entry], ..Pool::default() }, ..scripted(vec![Ok(Outcome::Committed)]) };
         let who = Attachment { container_id: "c1", ifname: "eth0" };
-        let out = allocate(&mut engine, &store, &config, &Placement::whole(&config), who, None, Instant::now() + Duration::from_secs(5)).unwrap();
+        let out = allocate(&mut engine, &store, &config, &Placement::whole(&config), who, Wishes::default(), Instant::now() + Duration::from_secs(5)).unwrap();
         assert_eq!(out[0].address, "192.0.2.5/24");
         let committed = store.committed.borrow();
         assert_eq!(committed.len(), 1);

@@ -90,8 +90,15 @@ fn component_answers_exactly_like_the_native_engine() {
         let mut pool = native::PoolSnapshot::with_taken([8, 9, 11, (1u128 << 80) + 1]);
         pool.reserved = vec![12];
         let pools = pools_of(&config, &pool);
-        let request =
-            native::Request { container_id: "c1".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), requested_ip: None, contention: 0, guidance: None };
+        let request = native::Request {
+            container_id: "c1".into(),
+            pod_ref: "ns/p".into(),
+            ifname: "eth0".into(),
+            requested_ip: None,
+            contention: 0,
+            guidance: None,
+            preferred: Vec::new(),
+        };
         for reservations in [native::Reservations::AsRead, native::Reservations::FromPools] {
             assert_eq!(engine.plan_all(&config, &pools, reservations, &request).unwrap(), native::plan_all(&config, &pools, reservations, &request));
         }
@@ -141,6 +148,7 @@ fn guidance_and_candidates_cross_the_boundary_unchanged() {
                 requested_ip: None,
                 contention: 0,
                 guidance: Some(guidance),
+                preferred: Vec::new(),
             };
             let reservations = native::Reservations::AsRead;
             assert_eq!(engine.plan_all(&config, &pools, reservations, &request).unwrap(), native::plan_all(&config, &pools, reservations, &request));

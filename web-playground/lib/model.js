@@ -153,7 +153,7 @@ export class Simulation {
     const pools = this.pools();
     for (let k = 0; k < add; k++) {
       const pod = this.nextPod++;
-      const req = { containerId: `playground-${pod}`, podRef: `playground/pod-${pod}`, ifname: 'net1', contention: 0, guidance: undefined };
+      const req = { containerId: `playground-${pod}`, podRef: `playground/pod-${pod}`, ifname: 'net1', contention: 0, guidance: undefined, preferred: [] };
       let cells;
       try {
         // The simulated pools are the whole cluster: the engine reserves in each

@@ -200,7 +200,7 @@ function planFailureText(e) {
 export async function planPod({ engine, config, pools, subject, active, host }) {
   const log = [];
   let refused = [];
-  const request = { containerId: subject.containerId, podRef: `${subject.podNamespace}/${subject.podName}`, ifname: subject.ifname, contention: 0, guidance: undefined };
+  const request = { containerId: subject.containerId, podRef: `${subject.podNamespace}/${subject.podName}`, ifname: subject.ifname, contention: 0, guidance: undefined, preferred: [] };
   const seen = redacted(config);
   try {
     const selection = await select(active, host, subject, seen, log);

@@ -205,6 +205,7 @@ fn input(settings: &str) -> AttachmentInput {
         enable_overlapping_ranges: true,
         ranges,
         ip_ranges_allocation: RangesAllocation::All,
+        preferred_ip_annotation: false,
         policies: Vec::new(),
         addresses: Vec::new(),
         routes_json: Some(r#"[{"dst":"0.0.0.0/0"}]"#.into()),

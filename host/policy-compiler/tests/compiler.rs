@@ -341,6 +341,7 @@ mod input {
                 range("198.51.100.0/24", "198.51.100.1", "198.51.100.254", IpFamily::Ipv4, &[]),
             ],
             ip_ranges_allocation: RangesAllocation::All,
+            preferred_ip_annotation: false,
             policies: Vec::new(),
             addresses: Vec::new(),
             routes_json: None,

@@ -123,16 +123,24 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     let args = arg_pairs(cni_args);
     let (namespace, name) = config.pod_ref.split_once('/').unwrap_or(("", ""));
     let needs = policies.as_ref().map(Policies::needs).unwrap_or_default();
-    let pod = match (&mut policies, needs.labels || needs.annotations) {
-        (Some(p), true) => match pod_metadata(config, namespace, name, deadline) {
+    let policies_read_pod = policies.is_some() && (needs.labels || needs.annotations);
+    // One GET of the pod, only when a policy or `preferred_ip_annotation` asks.
+    let pod = if policies_read_pod || config.preferred_ip_annotation {
+        match pod_metadata(config, namespace, name, deadline) {
             Ok(pod) => pod,
             Err(stop) => {
-                p.without_pod(stop).map_err(ipam::IpamError::Policy)?;
+                match &mut policies {
+                    Some(p) if policies_read_pod => p.without_pod(stop).map_err(ipam::IpamError::Policy)?,
+                    // A preference never fails an ADD: without it, the configured choice.
+                    _ => logging::error(format!("ADD: no preferred-ip for {}: {stop}", config.pod_ref)),
+                }
                 PodMetadata::default()
             }
-        },
-        _ => PodMetadata::default(),
+        }
+    } else {
+        PodMetadata::default()
     };
+    let preferred = if config.preferred_ip_annotation { preferred_ips(&pod.annotations) } else { Vec::new() };
     let guide = match &policies {
         Some(p) if !p.is_empty() => {
             let subject = Subject {
@@ -163,7 +171,7 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     let asking = Holder { container_id: who.container_id, pod_ref: &config.pod_ref, ifname: who.ifname };
     placement.leave_out_full(config, asking, &|pools| store.pool_notes(pools));
     let assignments = loop {
-        match ipam::allocate(engine, store, config, &placement, who, guide.as_ref(), deadline) {
+        match ipam::allocate(engine, store, config, &placement, who, ipam::Wishes { guide: guide.as_ref(), preferred: &preferred }, deadline) {
             // The pools it read are full, and it left out those its node
             // noted at the bound: another slice, else all of them past it.
             Err(ipam::IpamError::SlicesFull { range_index, .. }) if placement.left_out_some(range_index) => {
@@ -185,6 +193,17 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
 /// engine's normalize has already refused a string it cannot parse).
 fn arg_pairs(cni_args: &str) -> Vec<(String, String)> {
     thereabouts_allocator::cni_args::pairs(cni_args).unwrap_or_default().into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// The pod annotation whereabouts PR #681 reads: one address (or, here, a
+/// comma-separated list, one per family) the pod would rather have.
+pub const PREFERRED_IP_ANNOTATION: &str = "whereabouts.cni.cncf.io/preferred-ip";
+
+/// The addresses of the preferred-ip annotation, in order; the engine decides
+/// which, if any, a range can give.
+fn preferred_ips(annotations: &[(String, String)]) -> Vec<String> {
+    let value = annotations.iter().find(|(k, _)| k == PREFERRED_IP_ANNOTATION).map_or("", |(_, v)| v.as_str());
+    value.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_string).collect()
 }
 
 /// The Pod's labels and annotations for a policy that needs them: one GET
@@ -383,6 +402,14 @@ fn status(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normaliz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_preferred_ip_annotation_is_a_list_of_addresses() {
+        let of = |value: &str| preferred_ips(&[("app".into(), "x".into()), (PREFERRED_IP_ANNOTATION.into(), value.into())]);
+        assert_eq!(of("192.0.2.5"), ["192.0.2.5"]);
+        assert_eq!(of(" 192.0.2.5 , 2001:db8::5,"), ["192.0.2.5", "2001:db8::5"]);
+        assert!(of("").is_empty() && preferred_ips(&[]).is_empty());
+    }
 
     #[test]
     fn version_echoes_a_supported_config_version() {

@@ -76,6 +76,7 @@ pub fn preview(
             requested_ip: None,
             contention: 0,
             guidance: None,
+            preferred: Vec::new(),
         };
         let guided = policies.select(&subject, &seen).map_err(GuideError::from).and_then(|selection| {
             let guide = Guide { policies: &policies, subject: subject.clone(), seen: seen.clone(), selection };

@@ -131,3 +131,12 @@ pub fn time_ago(seconds: i64) -> String {
     let at = k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds);
     at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
+
+/// Sets `annotations` on Pod `<namespace>/<name>` (a merge patch: others stay).
+pub async fn annotate(cluster: &Cluster, namespace: &str, name: &str, annotations: &[(&str, &str)]) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(cluster.admin_client().await?, namespace);
+    let annotations: serde_json::Map<String, Value> = annotations.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+    let patch = json!({"metadata": {"annotations": annotations}});
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.with_context(|| format!("annotating pod {namespace}/{name}"))?;
+    Ok(())
+}

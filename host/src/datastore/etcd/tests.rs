@@ -56,7 +56,7 @@ impl Node {
     fn add(&mut self, cid: &str, pod: &str) -> (Result<Vec<String>, IpamError>, Vec<String>) {
         self.call(pod, |engine, store, config| {
             let who = Attachment { container_id: cid, ifname: "eth0" };
-            ipam::allocate(engine, store, config, &crate::placement::Placement::whole(config), who, None, deadline())
+            ipam::allocate(engine, store, config, &crate::placement::Placement::whole(config), who, ipam::Wishes::default(), deadline())
                 .map(|a| a.into_iter().map(|a| a.address).collect())
         })
     }
