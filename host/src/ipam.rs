@@ -526,9 +526,12 @@ pub fn release(
             first_planned = changes.unreserves().collect();
         } else {
             for (pool, unreserve) in &first_planned {
-                let Change::Unreserve { holder, .. } = unreserve else { continue };
+                let Change::Unreserve { holder, name } = unreserve else { continue };
                 let gone = !entries_of(loaded, &pool.name).iter().any(|e| e.offset == holder.offset && e.container_id == holder.container_id);
-                if gone && !changes.has(pool, unreserve) {
+                // Not gone but adopted: a first read from the apiserver's
+                // cache showed the entry still as this container's, and it is
+                // a newer container's of the same pod now, reservation and all.
+                if gone && !in_use.contains(name) && !changes.has(pool, unreserve) {
                     changes.push(pool.clone(), unreserve.clone());
                 }
             }
@@ -821,6 +824,8 @@ mod tests {
     /// script; it records the commits and counts the transactions ended.
     struct Scripted {
         pool: Pool,
+        /// What the first loads show instead of `pool`, one each (a cache behind).
+        stale: RefCell<Vec<Pool>>,
         /// What its transactions' `queued_releases` answer.
         queued: Vec<model::Attachment>,
         answers: RefCell<Vec<Result<Outcome, DatastoreError>>>,
@@ -835,7 +840,8 @@ mod tests {
 
     impl Transaction for ScriptedTx<'_> {
         fn load(&mut self) -> Result<Vec<Pool>, DatastoreError> {
-            Ok(vec![self.0.pool.clone()])
+            let mut stale = self.0.stale.borrow_mut();
+            Ok(vec![if stale.is_empty() { self.0.pool.clone() } else { stale.remove(0) }])
         }
         fn commit(&mut self, updates: &[PoolUpdate]) -> Result<Outcome, DatastoreError> {
             self.0.committed.borrow_mut().extend_from_slice(updates);
@@ -881,6 +887,7 @@ mod tests {
     fn scripted(answers: Vec<Result<Outcome, DatastoreError>>) -> Scripted {
         Scripted {
             pool: Pool::default(),
+            stale: RefCell::new(Vec::new()),
             queued: Vec::new(),
             answers: RefCell::new(answers),
             committed: RefCell::new(Vec::new()),
@@ -940,5 +947,29 @@ mod tests {
         assert_eq!(committed.len(), 1);
         assert_eq!(committed[0].changes, [Change::Keep { offset: 5, container_id: "c1".into() }]);
         assert_eq!(committed[0].expected, Version("3".into()));
+    }
+
+    /// The DEL of a pod's old container after a newer one adopted its entry
+    /// (a sandbox re-created): a first read from the apiserver's cache can
+    /// still show the entry as the old container's. The commit then fails the
+    /// entry's test, and the DEL reads again: the entry, and the reservation
+    /// named after its address, are the newer container's now, and stay.
+    #[test]
+    fn a_del_that_first_read_an_adopted_entry_as_its_own_leaves_its_reservation() {
+        let mut engine = crate::component::test_engine();
+        let stdin = r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","datastore":"file","range":"192.0.2.0/24"}}"#;
+        let config = engine.normalize(stdin, None, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p").unwrap().unwrap();
+        let entry = |cid: &str| Allocation { offset: 5, container_id: cid.into(), pod_ref: "default/p".into(), ifname: "eth0".into() };
+        let store = Scripted {
+            pool: Pool { version: Version("4".into()), entries: vec![entry("c2")], ..Pool::default() },
+            stale: RefCell::new(vec![Pool { version: Version("3".into()), entries: vec![entry("c1")], ..Pool::default() }]),
+            reservations: true,
+            ..scripted(vec![Ok(Outcome::Retry(Retry::Conflict { pool: "192.0.2.0-24".into() })), Ok(Outcome::Committed)])
+        };
+        let who = Attachment { container_id: "c1", ifname: "eth0" };
+        release(&mut engine, &store, &config, &Placement::whole(&config), who, Instant::now() + Duration::from_secs(10)).unwrap();
+        let committed = store.committed.borrow();
+        assert!(matches!(committed[0].changes[..], [Change::Remove { offset: 5 }, Change::Unreserve { .. }]), "{:?}", committed[0]);
+        assert!(committed[1..].iter().all(|u| u.changes.is_empty()), "after the second read: {:?}", &committed[1..]);
     }
 }
