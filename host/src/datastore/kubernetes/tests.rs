@@ -393,7 +393,7 @@ fn del_frees_its_entries_reservations_and_its_leftovers_but_not_what_its_pod_sti
 fn answers_are_classed_as_denied_unavailable_or_rejected() {
     let status = |code| Answer::Status(code, "Failure", Value::Null);
     // Each class with the answers that lead to it; a silent server within 200 ms.
-    let classes: [(Vec<Answer>, &str); 11] = [
+    let classes: [(Vec<Answer>, &str); 12] = [
         (vec![status(401)], "denied"),
         (vec![status(403)], "denied"),
         (vec![status(500)], "unavailable"),
@@ -401,7 +401,9 @@ fn answers_are_classed_as_denied_unavailable_or_rejected() {
         // Throttled, then served: retried.
         (vec![status(429), status(429), ok()], "ok"),
         (vec![status(503), ok()], "ok"),
-        (vec![Answer::Unreachable], "unavailable"),
+        // A read whose connection broke is sent again, twice.
+        (vec![Answer::Unreachable, ok()], "ok"),
+        (vec![Answer::Unreachable, Answer::Unreachable, Answer::Unreachable], "unavailable"),
         (vec![Answer::Silent], "unavailable"),
         (vec![status(400)], "rejected"),
         (vec![status(404)], "rejected"),
