@@ -53,10 +53,15 @@ pub async fn create_labelled(cluster: &Cluster, namespace: &str, name: &str, lab
 
 /// Sets the labels `labels` on Pod `<namespace>/<name>` (a merge patch: others stay).
 pub async fn label(cluster: &Cluster, namespace: &str, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+    merge_metadata(cluster, namespace, name, "labels", labels).await.with_context(|| format!("labelling pod {namespace}/{name}"))
+}
+
+/// Sets `pairs` in the metadata map `field` (labels, annotations) of Pod
+/// `<namespace>/<name>`, by a merge patch: other keys stay.
+async fn merge_metadata(cluster: &Cluster, namespace: &str, name: &str, field: &str, pairs: &[(&str, &str)]) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(cluster.admin_client().await?, namespace);
-    let labels: serde_json::Map<String, Value> = labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
-    let patch = json!({"metadata": {"labels": labels}});
-    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.with_context(|| format!("labelling pod {namespace}/{name}"))?;
+    let map: serde_json::Map<String, Value> = pairs.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {field: map}}))).await?;
     Ok(())
 }
 
@@ -134,9 +139,5 @@ pub fn time_ago(seconds: i64) -> String {
 
 /// Sets `annotations` on Pod `<namespace>/<name>` (a merge patch: others stay).
 pub async fn annotate(cluster: &Cluster, namespace: &str, name: &str, annotations: &[(&str, &str)]) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(cluster.admin_client().await?, namespace);
-    let annotations: serde_json::Map<String, Value> = annotations.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
-    let patch = json!({"metadata": {"annotations": annotations}});
-    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.with_context(|| format!("annotating pod {namespace}/{name}"))?;
-    Ok(())
+    merge_metadata(cluster, namespace, name, "annotations", annotations).await.with_context(|| format!("annotating pod {namespace}/{name}"))
 }
