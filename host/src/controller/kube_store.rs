@@ -7,12 +7,12 @@
 //! - a DELETE of a reservation with its UID and `resourceVersion` as
 //!   preconditions.
 //!
-//! A delete pass reads only the pools its pods' entries lay in at the last
-//! read of every pool ([`PodPools`]), and the reservations labelled with the
-//! attachments of the entries it found.
+//! A delete pass reads only the pools its pods' entries lay in
+//! (`pool_index.rs`), and the reservations labelled with the attachments of
+//! the entries it found.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::{StreamExt, stream};
@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use super::api::{Api, ApiError, FIELD_MANAGER};
 use super::held::{Entry, EntryIndex, Holdings, Reservation};
 use super::pods::unix_seconds;
+use super::pool_index::{PoolIndex, Snapshot};
 use crate::datastore::Change;
 use crate::datastore::kubernetes::crd::{self, IPPOOLS, PoolObject, RESERVATIONS};
 use crate::datastore::kubernetes::patch;
@@ -62,59 +63,19 @@ const POOL_GETS_AT_ONCE: usize = 16;
 pub struct KubeStore {
     pub api: Api,
     pub namespace: String,
-    /// Where each pod's entries lay when every pool was last read.
-    pod_pools: Mutex<Option<PodPools>>,
-}
-
-/// Which pools held entries of each pod at the last read of every pool, so
-/// that a delete pass reads those pools by name instead of paging through
-/// every pool of the namespace (at 150 000 pods in 5 000 node pools: 39
-/// pages, 4 s of a 5 s delete-to-free). Pods are keyed by a 64-bit hash: two
-/// pods sharing one only make a pass read a pool more. An entry made after
-/// that read for a pod the index knows (a second attachment) is not seen by
-/// a delete pass; the next full pass frees it.
-#[derive(Default)]
-struct PodPools {
-    pools: Vec<Arc<str>>,
-    by_pod: HashMap<u64, Vec<u32>>,
-}
-
-fn pod_key(pod_ref: &str) -> u64 {
-    crate::datastore::pool_note::fnv1a(pod_ref.as_bytes())
-}
-
-impl PodPools {
-    fn add(&mut self, pool: &str, entries: &[thereabouts_allocator::model::Allocation]) {
-        let index = self.pools.len() as u32;
-        self.pools.push(pool.into());
-        for entry in entries {
-            let pools = self.by_pod.entry(pod_key(&entry.pod_ref)).or_default();
-            if pools.last() != Some(&index) {
-                pools.push(index);
-            }
-        }
-    }
-
-    /// The pools that held entries of `pods`; `None` when one of them held
-    /// none (it may have been made since, so every pool is read).
-    fn of(&self, pods: &BTreeSet<String>) -> Option<BTreeSet<Arc<str>>> {
-        let mut names = BTreeSet::new();
-        for pod in pods {
-            names.extend(self.by_pod.get(&pod_key(pod))?.iter().filter_map(|i| self.pools.get(*i as usize).cloned()));
-        }
-        Some(names)
-    }
+    /// Where each pod's entries lay (`pool_index.rs`).
+    pub pool_index: PoolIndex,
 }
 
 impl KubeStore {
     pub fn new(api: Api, namespace: String) -> Self {
-        KubeStore { api, namespace, pod_pools: Mutex::new(None) }
+        KubeStore { api, namespace, pool_index: PoolIndex::default() }
     }
 
     /// Everything the namespace holds (`only`: of these pods); nothing
     /// where the CRDs are not installed (a cluster on the etcd datastore).
     pub async fn read(&self, only: Option<&BTreeSet<String>>) -> Result<Holdings, ApiError> {
-        let named = only.and_then(|pods| self.pod_pools.lock().ok()?.as_ref()?.of(pods));
+        let named = only.and_then(|pods| self.pool_index.pools_of(pods));
         let read = match named {
             Some(names) => self.read_named(&names, only).await,
             None => self.read_all(only).await,
@@ -147,7 +108,7 @@ impl KubeStore {
     async fn read_all(&self, only: Option<&BTreeSet<String>>) -> Result<Holdings, ApiError> {
         let mut held = Holdings::default();
         let mut failures = Vec::new();
-        let mut index = PodPools::default();
+        let mut index = Snapshot::default();
         let seen = std::cell::Cell::new((0u128, 0u128));
         self.api
             .list_sized_pages::<Value>(
@@ -162,7 +123,7 @@ impl KubeStore {
                         Ok(pool) => {
                             let (pools, entries) = seen.get();
                             seen.set((pools + 1, entries + pool.entries.len() as u128));
-                            index.add(&name, &pool.entries);
+                            index.add(&name, pool.entries.iter().map(|e| e.pod_ref.as_str()));
                             add_pool(&mut held, &name, &pool, only)
                         }
                         Err(e) => failures.push(format!("IPPool {name}: {e}")),
@@ -171,9 +132,7 @@ impl KubeStore {
             )
             .await?;
         held.unreadable_pools = failures;
-        if let Ok(mut kept) = self.pod_pools.lock() {
-            *kept = Some(index);
-        }
+        self.pool_index.replace(index);
         self.read_reservations(&mut held, only).await?;
         Ok(held)
     }

@@ -9,7 +9,8 @@
 //!   gives back the addresses of pods that are gone, on start, after a pod
 //!   watch re-list, and every `--reconcile-interval`;
 //! - the pod-delete passes, over the entries of the pods a delete event
-//!   names, which never wait for a periodic pass in progress.
+//!   names, which never wait for a periodic pass in progress; a watch of
+//!   IPPools tells them which pools hold a pod's entries (`pool_index.rs`).
 //!
 //! `/metrics`, `/healthz` and `/readyz` are served on `--metrics-address`.
 
@@ -24,6 +25,7 @@ pub mod lease_guard;
 pub mod metrics;
 mod pod_source;
 mod pods;
+mod pool_index;
 pub mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
@@ -193,6 +195,9 @@ async fn serve(options: Options) -> Result<()> {
     }
     let (trigger, mut triggered) = mpsc::channel::<()>(1);
     spawn_watchers(&client, &options.namespace, trigger);
+    if let Some(store::Store::Kube(kube)) = reconcilers.first().map(|r| &r.store) {
+        pool_index::spawn_pool_watch(&client, &options.namespace, kube.pool_index.clone());
+    }
     let (pod_events, mut pod_events_rx) = mpsc::unbounded_channel();
     spawn_pod_watch(&client, pod_events);
     let lease = LeaseManagerBuilder::new(client, lease_guard::LEASE_NAME)

@@ -111,6 +111,29 @@ async fn a_delete_pass_reads_by_name_the_pools_its_pods_held_at_the_last_read_of
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn with_the_pool_watch_in_step_a_delete_pass_reads_only_the_pools_the_watch_saw_its_pod_in() {
+    let (watched, pool, orip) = (reads().remove(0), reads().remove(0), reads().remove(1));
+    let script = vec![watched, Answer::Silent, pool, orip, Answer::Status(404, "not found", Value::Null)];
+    let (reconciler, log) = unguarded_reconciler(script);
+    let super::store::Store::Kube(kube) = &reconciler.store else { unreachable!() };
+    super::pool_index::spawn_pool_watch(&reconciler.api.client, "kube-system", kube.pool_index.clone());
+    for _ in 0..200 {
+        if log.lines().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(log.lines()[1].contains("ippools?") && log.lines()[1].contains("watch=true"), "{:?}", log.lines());
+
+    // Made after the watch listed, without an entry: no pool to read.
+    let report = reconciler.pass(&gone("default/new"), true).await.unwrap();
+    assert_eq!((report.entries.len(), log.lines().len()), (0, 2));
+    let report = reconciler.pass(&gone("default/gone"), true).await.unwrap();
+    assert_eq!((report.entries.len(), report.reservations.len()), (1, 1));
+    assert_eq!(log.lines()[2..], [POOL_BY_NAME, &labelled(), "GET /api/v1/namespaces/default/pods/gone"]);
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn a_delete_pass_reads_every_reservation_when_one_of_its_entries_has_no_labelled_one() {
     // whereabouts labels none of its reservations.
     let (pool, orip) = (reads().remove(0), reads().remove(1));

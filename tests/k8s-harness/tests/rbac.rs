@@ -573,6 +573,7 @@ async fn controller_yaml_grants_exactly_what_the_controller_needs() {
         ("list", "", "nodes", None),
         ("create", "", "events", Some("default")),
         ("list", GROUP, "ippools", ns),
+        ("watch", GROUP, "ippools", ns),
         ("patch", GROUP, "ippools", ns),
         ("list", GROUP, "overlappingrangeipreservations", ns),
         ("delete", GROUP, "overlappingrangeipreservations", ns),
