@@ -27,6 +27,7 @@ render() {
 mkdir -p "$out"
 render rbac.yaml
 render rbac-pod-labels.yaml --set podLabelsRbac.enabled=true
+render rbac-persistent-ips.yaml --set persistentIPsRbac.enabled=true
 render flowcontrol.yaml
 render daemonset.yaml
 render controller.yaml

@@ -2,6 +2,8 @@
 //! planner (which entry a repeated ADD keeps) and every datastore (which
 //! reservation an ADD may take, which one a DEL may free).
 
+use crate::model::Claim;
+
 /// What a record (pool entry, reservation) keeps of the attachment that holds an
 /// address, or what an attachment asking about it presents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +44,36 @@ pub fn same_holder(recorded: Holder, asking: Holder) -> bool {
     }
 }
 
+/// Whether an entry held by `recorded` and owned by `recorded_claim` is the
+/// asker's own (to keep, or to take over). A claim's entries belong to
+/// whoever asks with that claim, whatever pod held them before (a VM's new
+/// launcher pod, a live migration's target); a ResourceClaim's devices are
+/// told apart by their interface. An entry a claim owns is never an asker's
+/// without that claim, and a claim never takes a pod's entry.
+pub fn owns(recorded: Holder, recorded_claim: Option<&Claim>, asking: Holder, asking_claim: Option<&Claim>) -> bool {
+    owns_record(recorded, recorded_claim, asking, asking_claim, Ifname::Required)
+}
+
+/// [`owns`], for records of a kind that may lack the interface name.
+pub fn owns_record(recorded: Holder, recorded_claim: Option<&Claim>, asking: Holder, asking_claim: Option<&Claim>, ifname: Ifname) -> bool {
+    match (recorded_claim, asking_claim) {
+        (None, None) => same_attachment(recorded, asking, ifname),
+        (Some(Claim::IpamClaim(r)), Some(Claim::IpamClaim(a))) => r == a,
+        (Some(Claim::ResourceClaim(r)), Some(Claim::ResourceClaim(a))) => r == a && recorded.ifname == asking.ifname,
+        _ => false,
+    }
+}
+
+/// Whether an entry is one the asker's ADD should see among its own: the
+/// first half of [`owns`] ([`same_holder`] for pods, the same claim for claims).
+pub fn may_own(recorded: Holder, recorded_claim: Option<&Claim>, asking: Holder, asking_claim: Option<&Claim>) -> bool {
+    match (recorded_claim, asking_claim) {
+        (None, None) => same_holder(recorded, asking),
+        (Some(r), Some(a)) => r == a,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +99,20 @@ mod tests {
         assert!(same_attachment(recorded("c2", "", "eth0"), bare, Ifname::Required));
         assert!(!same_attachment(recorded("c1", "", "eth0"), bare, Ifname::Required));
         assert!(!same_attachment(recorded("", "", "eth0"), Holder { container_id: "", ..bare }, Ifname::Required));
+    }
+
+    #[test]
+    fn a_claims_entry_is_whoever_asks_with_the_claim() {
+        let vm = Claim::IpamClaim("ns/vm.net".into());
+        let old_launcher = recorded("c1", "ns/launcher-a", "net1");
+        assert!(owns(old_launcher, Some(&vm), ASKING, Some(&vm)));
+        assert!(!owns(old_launcher, Some(&vm), recorded("c1", "ns/launcher-a", "net1"), None), "not without the claim");
+        assert!(!owns(ASKING, None, ASKING, Some(&vm)), "a claim takes no pod's entry");
+        assert!(!owns(old_launcher, Some(&vm), ASKING, Some(&Claim::IpamClaim("ns/other".into()))));
+        let device = Claim::ResourceClaim("ns/rc".into());
+        assert!(owns(recorded("uid", "", "eth0"), Some(&device), ASKING, Some(&device)));
+        assert!(!owns(recorded("uid", "", "net2"), Some(&device), ASKING, Some(&device)), "another device of the claim");
+        assert!(may_own(recorded("uid", "", "net2"), Some(&device), ASKING, Some(&device)));
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub const FLAT_FILE_PATHS: [&str; 4] = [
 
 /// `ipam` keys merged from the flat file when the inline config leaves them empty.
 /// `enable_overlapping_ranges` is deliberately absent: the flat file cannot change it.
-const MERGED_KEYS: [&str; 35] = [
+const MERGED_KEYS: [&str; 36] = [
     "range",
     "range_start",
     "range_end",
@@ -71,6 +71,7 @@ const MERGED_KEYS: [&str; 35] = [
     "preferred_ip_annotation",
     "exclude_gateway",
     "optimistic_ipam",
+    "allowPersistentIPs",
 ];
 
 /// Nested objects merged field by field (mergo's deep merge through structs).
@@ -361,6 +362,33 @@ fn pr681_keys(ipam: &Map<String, Value>) -> Result<bool> {
     Ok(gojson::boolean(ipam, "preferred_ip_annotation", "ipam.preferred_ip_annotation")?.unwrap_or(false))
 }
 
+/// `allowPersistentIPs` (on the plugin object, where KubeVirt's
+/// ipam-extensions reads it, or in `ipam`) and the IPAMClaim stdin names:
+/// `args.cni["ipam-claim-reference"]`, else a top-level
+/// `ipam-claim-reference` (never the flat file's: a node-wide file naming one
+/// VM's claim would be stale for every other).
+fn persistent_ips(plugin: &Map<String, Value>, ipam: &Map<String, Value>) -> Result<(bool, Option<String>)> {
+    let allowed = gojson::boolean(plugin, "allowPersistentIPs", "allowPersistentIPs")?.unwrap_or(false)
+        || gojson::boolean(ipam, "allowPersistentIPs", "ipam.allowPersistentIPs")?.unwrap_or(false);
+    const KEY: &str = "ipam-claim-reference";
+    let from_args = match gojson::object(plugin, "args", "args")?.map(|a| gojson::object(a, "cni", "args.cni")).transpose()?.flatten() {
+        Some(cni) => gojson::string(cni, KEY, "args.cni.ipam-claim-reference")?,
+        None => None,
+    };
+    let reference = match from_args {
+        Some(r) => Some(r),
+        None => gojson::string(plugin, KEY, KEY)?,
+    }
+    .filter(|r| !r.is_empty());
+    if let Some(r) = &reference {
+        let (namespace, name) = r.split_once('/').unwrap_or(("", r));
+        if name.is_empty() || name.contains('/') || (r.contains('/') && namespace.is_empty()) {
+            return Err(ConfigError::invalid(KEY, format!("invalid IPAMClaim reference {r:?}: expected a name or namespace/name")));
+        }
+    }
+    Ok((allowed, reference))
+}
+
 /// Versions before 0.3.0 carry one `ip4` and one `ip6` in a result.
 fn check_addresses_fit_version(cni_version: &str, ranges: &[NormalizedRange], statics: &[StaticAddress]) -> Result<()> {
     if !matches!(cni_version, "0.1.0" | "0.2.0") {
@@ -471,6 +499,7 @@ pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) 
     assign_requested_ips(net.plugin, &mut ranges)?;
     check_addresses_fit_version(&net.cni_version, &ranges, &addresses)?;
 
+    let (allow_persistent_ips, ipam_claim_reference) = persistent_ips(net.plugin, &ipam)?;
     let routes_json = routes::canonical_routes(&ipam)?;
     let dns_json = gojson::object(&ipam, "dns", "ipam.dns")?.map(|d| Value::Object(d.clone()).to_string());
 
@@ -482,6 +511,8 @@ pub fn normalize(network_config: &str, flat_file: Option<&str>, cni_args: &str) 
         ranges,
         ip_ranges_allocation: ranges_allocation(&ipam)?,
         preferred_ip_annotation: pr681_keys(&ipam)?,
+        allow_persistent_ips,
+        ipam_claim_reference,
         policies: crate::policies_config::policies(&ipam)?,
         addresses,
         routes_json,

@@ -102,6 +102,10 @@ pub struct NormalizedConfig {
     /// `preferred_ip_annotation`: the host reads the pod's
     /// `whereabouts.cni.cncf.io/preferred-ip` into [`Request::preferred`].
     pub preferred_ip_annotation: bool,
+    /// `allowPersistentIPs`: an attachment may allocate for an IPAMClaim.
+    pub allow_persistent_ips: bool,
+    /// The IPAMClaim stdin names (see `ipam-claim-reference` in the WIT).
+    pub ipam_claim_reference: Option<String>,
     /// `policies`, validated (see `crate::policies_config`).
     pub policies: Vec<PolicyConfig>,
     pub addresses: Vec<StaticAddress>,
@@ -168,6 +172,32 @@ pub struct Allocation {
     pub container_id: String,
     pub pod_ref: String,
     pub ifname: String,
+    /// The claim that owns the address, when a pod attachment does not
+    /// (`docs/claims.md`): the attachment above only holds it for now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<Claim>,
+}
+
+/// An owner that outlives the pods holding its addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Claim {
+    /// An `IPAMClaim` (`k8s.cni.cncf.io`), `namespace/name`: a VM's addresses,
+    /// kept across its launcher pods until the claim is deleted.
+    IpamClaim(String),
+    /// A DRA `ResourceClaim`, `namespace/name`: a network device's addresses
+    /// (one entry per device, told apart by the entry's `ifname`), kept until
+    /// the device is released or the claim is gone.
+    ResourceClaim(String),
+}
+
+impl Claim {
+    /// The `namespace/name` it refers to.
+    pub fn reference(&self) -> &str {
+        match self {
+            Claim::IpamClaim(r) | Claim::ResourceClaim(r) => r,
+        }
+    }
 }
 
 impl Allocation {
@@ -250,6 +280,8 @@ pub struct Request {
     pub guidance: Option<Guidance>,
     /// Addresses the pod prefers (see `request.preferred` in the WIT).
     pub preferred: Vec<String>,
+    /// The claim the attachment allocates for (see `request.claim` in the WIT).
+    pub claim: Option<Claim>,
 }
 
 /// Policies' decisions for one attachment (see `guidance` in the WIT).

@@ -14,7 +14,7 @@
 
 use std::net::IpAddr;
 
-use crate::attachment::{Holder, Ifname, same_attachment};
+use crate::attachment::{Holder, owns};
 use crate::error::ConfigError;
 use crate::guidance;
 use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, parse_ip_strict, to_u128};
@@ -176,9 +176,10 @@ pub fn exhausted_message(range: &NormalizedRange) -> String {
     format!("Could not allocate IP in range: ip: {} / - {} / range: {} / excludeRanges: [{}]", range.first, range.last, range.cidr, range.excludes.join(" "))
 }
 
-/// Does this held entry belong to the request? See [`same_attachment`].
+/// Does this held entry belong to the request? See [`owns`]: the same pod
+/// attachment, or the same claim.
 fn is_same_attachment(entry: &Allocation, req: &Request) -> bool {
-    same_attachment(entry.holder(), Holder { container_id: &req.container_id, pod_ref: &req.pod_ref, ifname: &req.ifname }, Ifname::Required)
+    owns(entry.holder(), entry.claim.as_ref(), Holder { container_id: &req.container_id, pod_ref: &req.pod_ref, ifname: &req.ifname }, req.claim.as_ref())
 }
 
 /// The window grows eightfold with every conflict, up to 2^`MAX_SPREAD_BITS` =
@@ -394,6 +395,7 @@ pub fn plan_all(config: &NormalizedConfig, pools: &[PoolState], reservations: Re
             contention: req.contention,
             guidance: None,
             preferred: req.preferred.clone(),
+            claim: req.claim.clone(),
         };
         let mut also_reserved = match reservations {
             Reservations::FromPools if config.enable_overlapping_ranges => pools::held_by_other_pools(config, pools, range),
@@ -551,7 +553,9 @@ fn ranges_overlap(ranges: &[NormalizedRange]) -> bool {
 }
 
 /// The entries of pool `pool_name` a DEL of `attachments` removes: those whose
-/// container ID and ifname both match one of them, with their reservation names.
+/// container ID and ifname both match one of them, with their reservation
+/// names. Never an entry a claim owns: its holder's DEL leaves it to the claim
+/// (a VM's launcher pod stops, the VM keeps its address).
 pub fn release(range: &NormalizedRange, network_name: &str, allocations: &[Allocation], attachments: &[Attachment]) -> Vec<Released> {
     // DEL and CHECK ask about one attachment, GC about every stale one: a set then.
     let many: std::collections::HashSet<(&str, &str)> =
@@ -563,7 +567,7 @@ pub fn release(range: &NormalizedRange, network_name: &str, allocations: &[Alloc
     allocations
         .iter()
         .enumerate()
-        .filter(|(_, a)| wanted(a))
+        .filter(|(_, a)| a.claim.is_none() && wanted(a))
         .map(|(i, a)| Released { index: i as u32, reservation: address_at(range, a.offset).map(|ip| reservation_name_of(&format_ip(ip), network_name)) })
         .collect()
 }

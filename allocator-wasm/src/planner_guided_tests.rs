@@ -27,6 +27,7 @@ fn req(pod: &str) -> Request {
         contention: 0,
         guidance: None,
         preferred: Vec::new(),
+        claim: None,
     }
 }
 
@@ -52,7 +53,7 @@ fn pool(name: &str, offsets: &[u128]) -> PoolState {
 
 /// A pool in which `pod` holds `offset` (besides the `taken` ones).
 fn holding(name: &str, pod: &str, offset: u128, taken: &[u128]) -> PoolState {
-    let held = Allocation { offset, container_id: "old".into(), pod_ref: format!("default/{pod}"), ifname: "eth0".into() };
+    let held = Allocation { offset, container_id: "old".into(), pod_ref: format!("default/{pod}"), ifname: "eth0".into(), claim: None };
     let mut state = pool(name, taken);
     state.snapshot.taken.push(offset as u64);
     state.snapshot.held = vec![held];

@@ -2,6 +2,7 @@
 //! `pkg/iphelpers/iphelpers.go`) as tests.
 
 use super::*;
+use crate::model::Claim;
 use crate::range::{RangeSpec, normalize_range};
 
 fn range(text: &str) -> NormalizedRange {
@@ -22,6 +23,7 @@ fn req(pod: &str, ifname: &str) -> Request {
         contention: 0,
         guidance: None,
         preferred: Vec::new(),
+        claim: None,
     }
 }
 
@@ -175,7 +177,7 @@ fn contention_never_leaves_the_range_or_finds_more_than_is_free() {
         "a full range is exhausted under contention too"
     );
     // A reused address and a requested one do not move under contention.
-    let held = vec![Allocation { offset: 5, container_id: "old".into(), pod_ref: "default/p".into(), ifname: "eth0".into() }];
+    let held = vec![Allocation { offset: 5, container_id: "old".into(), pod_ref: "default/p".into(), ifname: "eth0".into(), claim: None }];
     let pool = PoolSnapshot { held, ..taken(&[5]) };
     assert!(matches!(plan(&r, &pool, &contended("p", 6)), Ok(PlanOutcome::Reuse { held_index: 0, .. })));
     let requested = Request { requested_ip: Some("192.0.2.6".into()), ..contended("q", 6) };
@@ -196,8 +198,8 @@ fn plan_all_under_contention_stays_disjoint_across_shared_pools() {
 fn same_pod_and_interface_reuses_its_address() {
     let r = range("192.0.2.0/24");
     let held = vec![
-        Allocation { offset: 7, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "net1".into() },
-        Allocation { offset: 9, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "net2".into() },
+        Allocation { offset: 7, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "net1".into(), claim: None },
+        Allocation { offset: 9, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "net2".into(), claim: None },
     ];
     let pool = PoolSnapshot { held, ..taken(&[7, 9]) };
     match plan(&r, &pool, &req("a", "net2")) {
@@ -209,9 +211,34 @@ fn same_pod_and_interface_reuses_its_address() {
 }
 
 #[test]
+fn a_claim_keeps_its_address_across_pods_and_no_other_pod_takes_it() {
+    let r = range("192.0.2.0/24");
+    let vm = Claim::IpamClaim("default/vm.blue".into());
+    let held = vec![Allocation { offset: 7, container_id: "old".into(), pod_ref: "default/launcher-1".into(), ifname: "net1".into(), claim: Some(vm.clone()) }];
+    let pool = PoolSnapshot { held, ..taken(&[7]) };
+    let launcher_2 = Request { claim: Some(vm), ..req("launcher-2", "net1") };
+    assert!(matches!(plan(&r, &pool, &launcher_2), Ok(PlanOutcome::Reuse { held_index: 0, .. })));
+    // The first launcher again, without the claim: the address is not its own.
+    assert_eq!(fresh_ip(plan(&r, &pool, &req("launcher-1", "net1"))), "192.0.2.1/24");
+    // Through plan_all, which makes a request per range: the claim goes with it.
+    let c = config(&["192.0.2.0/24"]);
+    let out = plan_all(&c, &[PoolState { name: "192.0.2.0-24".into(), snapshot: pool }], Reservations::AsRead, &launcher_2).unwrap();
+    assert!(matches!(out[..], [PlanOutcome::Reuse { held_index: 0, .. }]), "{out:?}");
+}
+
+#[test]
+fn a_del_never_releases_a_claims_entry() {
+    let c = crate::normalize(r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","range":"192.0.2.0/24"}}"#, None, "").unwrap();
+    let claim = Some(Claim::IpamClaim("ns/vm.n".into()));
+    let entries = vec![Allocation { offset: 1, container_id: "a".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), claim }];
+    let who = Attachment { container_id: "a".into(), ifname: "eth0".into() };
+    assert!(release(&c.ranges[0], &c.network_name, &entries, &[who]).is_empty());
+}
+
+#[test]
 fn without_pod_ref_container_id_and_ifname_identify_the_attachment() {
     let r = range("192.0.2.0/24");
-    let held = vec![Allocation { offset: 4, container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into() }];
+    let held = vec![Allocation { offset: 4, container_id: "ctr".into(), pod_ref: String::new(), ifname: "eth0".into(), claim: None }];
     let pool = PoolSnapshot { held, ..taken(&[4]) };
     let request = Request {
         container_id: "ctr".into(),
@@ -221,6 +248,7 @@ fn without_pod_ref_container_id_and_ifname_identify_the_attachment() {
         contention: 0,
         guidance: None,
         preferred: Vec::new(),
+        claim: None,
     };
     assert!(matches!(plan(&r, &pool, &request), Ok(PlanOutcome::Reuse { .. })));
 }
@@ -230,10 +258,10 @@ fn release_matches_container_id_and_ifname_and_names_the_reservations() {
     let c =
         crate::normalize(r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","network_name":"blue","range":"192.0.2.0/24"}}"#, None, "").unwrap();
     let entries = vec![
-        Allocation { offset: 1, container_id: "a".into(), pod_ref: "ns/p".into(), ifname: "eth0".into() },
-        Allocation { offset: 2, container_id: "a".into(), pod_ref: "ns/p".into(), ifname: "net1".into() },
-        Allocation { offset: 3, container_id: "b".into(), pod_ref: "ns/q".into(), ifname: "eth0".into() },
-        Allocation { offset: 300, container_id: "b".into(), pod_ref: "ns/q".into(), ifname: "eth0".into() },
+        Allocation { offset: 1, container_id: "a".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), claim: None },
+        Allocation { offset: 2, container_id: "a".into(), pod_ref: "ns/p".into(), ifname: "net1".into(), claim: None },
+        Allocation { offset: 3, container_id: "b".into(), pod_ref: "ns/q".into(), ifname: "eth0".into(), claim: None },
+        Allocation { offset: 300, container_id: "b".into(), pod_ref: "ns/q".into(), ifname: "eth0".into(), claim: None },
     ];
     let who = |container_id: &str, ifname: &str| Attachment { container_id: container_id.into(), ifname: ifname.into() };
     let indices = |attachments: &[Attachment]| release(&c.ranges[0], &c.network_name, &entries, attachments).into_iter().map(|r| r.index).collect::<Vec<_>>();
@@ -293,8 +321,10 @@ fn the_gateway_is_never_handed_out() {
         other => panic!("{other:?}"),
     }
     // A pod that already holds the gateway's address (an entry from before) keeps it.
-    let held =
-        PoolSnapshot { held: vec![Allocation { offset: 1, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "eth0".into() }], ..taken(&[1]) };
+    let held = PoolSnapshot {
+        held: vec![Allocation { offset: 1, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "eth0".into(), claim: None }],
+        ..taken(&[1])
+    };
     assert!(matches!(plan(&r, &held, &req("a", "eth0")), Ok(PlanOutcome::Reuse { .. })));
 }
 
@@ -345,7 +375,7 @@ fn state(name: &str, offsets: &[u128]) -> PoolState {
 #[test]
 fn plan_all_reuses_from_the_pool_of_the_range_and_reserves_as_read() {
     let c = config(&["192.0.2.0/24", "198.51.100.0/24"]);
-    let held = Allocation { offset: 9, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "eth0".into() };
+    let held = Allocation { offset: 9, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "eth0".into(), claim: None };
     let mine = PoolState { name: "198.51.100.0-24".into(), snapshot: PoolSnapshot { held: vec![held], ..taken(&[9]) } };
     let reserved = PoolState { name: "192.0.2.0-24".into(), snapshot: PoolSnapshot { reserved: vec![1], ..taken(&[]) } };
     let out = plan_all(&c, &[mine, reserved], Reservations::AsRead, &req("a", "eth0")).unwrap();

@@ -126,6 +126,8 @@ macro_rules! wit_conversions {
                     ranges: c.ranges.iter().map(range_to_wit).collect(),
                     ip_ranges_allocation: ranges_allocation_to_wit(c.ip_ranges_allocation),
                     preferred_ip_annotation: c.preferred_ip_annotation,
+                    allow_persistent_ips: c.allow_persistent_ips,
+                    ipam_claim_reference: c.ipam_claim_reference.clone(),
                     policies: c.policies.iter().map(policy_to_wit).collect(),
                     addresses: c
                         .addresses
@@ -159,6 +161,8 @@ macro_rules! wit_conversions {
                     ranges: c.ranges.into_iter().map(range_from_wit).collect::<Result<_, _>>()?,
                     ip_ranges_allocation: ranges_allocation_from_wit(c.ip_ranges_allocation),
                     preferred_ip_annotation: c.preferred_ip_annotation,
+                    allow_persistent_ips: c.allow_persistent_ips,
+                    ipam_claim_reference: c.ipam_claim_reference,
                     policies: c.policies.into_iter().map(policy_from_wit).collect(),
                     addresses: c
                         .addresses
@@ -241,11 +245,37 @@ macro_rules! wit_conversions {
             }
 
             pub fn allocation_to_wit(a: &model::Allocation) -> wit::Allocation {
-                wit::Allocation { offset: to_offset(a.offset), container_id: a.container_id.clone(), pod_ref: a.pod_ref.clone(), ifname: a.ifname.clone() }
+                wit::Allocation {
+                    offset: to_offset(a.offset),
+                    container_id: a.container_id.clone(),
+                    pod_ref: a.pod_ref.clone(),
+                    ifname: a.ifname.clone(),
+                    claim: a.claim.as_ref().map(claim_to_wit),
+                }
             }
 
             pub fn allocation_from_wit(a: wit::Allocation) -> model::Allocation {
-                model::Allocation { offset: from_offset(a.offset), container_id: a.container_id, pod_ref: a.pod_ref, ifname: a.ifname }
+                model::Allocation {
+                    offset: from_offset(a.offset),
+                    container_id: a.container_id,
+                    pod_ref: a.pod_ref,
+                    ifname: a.ifname,
+                    claim: a.claim.map(claim_from_wit),
+                }
+            }
+
+            pub fn claim_to_wit(c: &model::Claim) -> wit::Claim {
+                match c {
+                    model::Claim::IpamClaim(r) => wit::Claim::IpamClaim(r.clone()),
+                    model::Claim::ResourceClaim(r) => wit::Claim::ResourceClaim(r.clone()),
+                }
+            }
+
+            pub fn claim_from_wit(c: wit::Claim) -> model::Claim {
+                match c {
+                    wit::Claim::IpamClaim(r) => model::Claim::IpamClaim(r),
+                    wit::Claim::ResourceClaim(r) => model::Claim::ResourceClaim(r),
+                }
             }
 
             pub fn pool_to_wit(p: &model::PoolState) -> wit::PoolState {
@@ -315,6 +345,7 @@ macro_rules! wit_conversions {
                     contention: r.contention,
                     guidance: r.guidance.as_ref().map(guidance_to_wit),
                     preferred: r.preferred.clone(),
+                    claim: r.claim.as_ref().map(claim_to_wit),
                 }
             }
 
@@ -328,6 +359,7 @@ macro_rules! wit_conversions {
                     contention: r.contention,
                     guidance: r.guidance.map(guidance_from_wit),
                     preferred: r.preferred,
+                    claim: r.claim.map(claim_from_wit),
                 }
             }
 

@@ -100,6 +100,7 @@ fn req(i: usize) -> Request {
         contention: 0,
         guidance: None,
         preferred: Vec::new(),
+        claim: None,
     }
 }
 
@@ -184,7 +185,7 @@ proptest! {
             let pool = PoolSnapshot { held, ..PoolSnapshot::with_taken(entries.iter().map(|e| e.offset)) };
             match plan(r, &pool, &request) {
                 Ok(PlanOutcome::Fresh { assignment }) => {
-                    entries.push(Allocation { offset: assignment.offset, container_id: request.container_id, pod_ref: request.pod_ref, ifname: request.ifname });
+                    entries.push(Allocation { offset: assignment.offset, container_id: request.container_id, pod_ref: request.pod_ref, ifname: request.ifname, claim: None });
                     Some(assignment.offset)
                 }
                 Ok(PlanOutcome::Reuse { assignment, .. }) => Some(assignment.offset),

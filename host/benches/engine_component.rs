@@ -49,6 +49,7 @@ fn request() -> native::Request {
         contention: 0,
         guidance: None,
         preferred: Vec::new(),
+        claim: None,
     }
 }
 

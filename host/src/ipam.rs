@@ -10,9 +10,10 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
-use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment, same_holder};
+use thereabouts_allocator::attachment::{Holder, Ifname, may_own, same_attachment};
 use thereabouts_allocator::model::{
-    self, Allocation, Assignment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, RangesAllocation, Request, Reservations,
+    self, Allocation, Assignment, Claim, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, RangesAllocation, Request,
+    Reservations,
 };
 
 use crate::component::{EngineComponent, EngineFailure};
@@ -75,6 +76,7 @@ fn chosen<'c>(
     placement: &Placement,
     loaded: &BTreeMap<String, Pool>,
     asking: Holder,
+    claim: Option<&Claim>,
 ) -> Result<Cow<'c, NormalizedConfig>, IpamError> {
     if !placement.is_sliced() {
         return Ok(Cow::Borrowed(config));
@@ -83,7 +85,8 @@ fn chosen<'c>(
     for index in 0..placement.choices.len() {
         let choices: Vec<&NormalizedRange> = placement.reading(index).collect();
         let in_span = |r: &NormalizedRange, o: u128| o >= r.first_offset && o <= r.last_offset && !r.excluded.iter().any(|(lo, hi)| (*lo..=*hi).contains(&o));
-        let holds = |r: &NormalizedRange| entries_of(loaded, &r.pool_name).iter().any(|e| same_holder(e.holder(), asking) && in_span(r, e.offset));
+        let holds =
+            |r: &NormalizedRange| entries_of(loaded, &r.pool_name).iter().any(|e| may_own(e.holder(), e.claim.as_ref(), asking, claim) && in_span(r, e.offset));
         let has_room = |r: &NormalizedRange| {
             let pool = loaded.get(&r.pool_name);
             let entries = pool.map(|p| p.entries.iter().map(|e| e.offset)).into_iter().flatten();
@@ -260,7 +263,7 @@ fn plan_failure(failure: PlanFailure) -> IpamError {
 }
 
 /// The config's pools as the engine plans an ADD on them.
-fn states_of(config: &NormalizedConfig, loaded: &BTreeMap<String, Pool>, asking: Holder, reserving: bool) -> Vec<PoolState> {
+fn states_of(config: &NormalizedConfig, loaded: &BTreeMap<String, Pool>, asking: Holder, claim: Option<&Claim>, reserving: bool) -> Vec<PoolState> {
     distinct_pools(config)
         .iter()
         .map(|pool| {
@@ -268,7 +271,7 @@ fn states_of(config: &NormalizedConfig, loaded: &BTreeMap<String, Pool>, asking:
             let mut state = pool_state(pool, entries);
             // The pod's own entries (the container's outside Kubernetes): the
             // engine decides whether one is this attachment's address to keep.
-            state.snapshot.held = entries.iter().filter(|e| same_holder(e.holder(), asking)).cloned().collect();
+            state.snapshot.held = entries.iter().filter(|e| may_own(e.holder(), e.claim.as_ref(), asking, claim)).cloned().collect();
             // Addresses an earlier attempt found reserved by an overlapping range.
             if reserving {
                 state.snapshot.reserved = loaded.get(&pool.name).map(|p| p.reserved.clone()).unwrap_or_default();
@@ -303,9 +306,10 @@ pub fn plan_once(
         contention: 0,
         guidance: None,
         preferred: Vec::new(),
+        claim: None,
     };
     let asking = Holder { container_id: &request.container_id, pod_ref: &request.pod_ref, ifname: &request.ifname };
-    let states = states_of(config, &loaded, asking, false);
+    let states = states_of(config, &loaded, asking, None, false);
     let planned = guide.plan(engine, config, &states, Reservations::AsRead, &mut request)?.planned;
     let outcomes = planned.map_err(plan_failure)?;
     Ok(outcomes.iter().map(|o| o.assignment().address.clone()).collect())
@@ -317,6 +321,8 @@ pub fn plan_once(
 pub struct Wishes<'w, 'e> {
     pub guide: Option<&'w Guide<'w, 'e>>,
     pub preferred: &'w [String],
+    /// The claim the attachment allocates for (its entries are the claim's).
+    pub claim: Option<&'w Claim>,
 }
 
 /// ADD: one address from every range (`ipRangesAllocation` `all`) or from the
@@ -332,7 +338,7 @@ pub fn allocate(
     wishes: Wishes,
     deadline: Instant,
 ) -> Result<Vec<Assignment>, IpamError> {
-    let Wishes { guide, preferred } = wishes;
+    let Wishes { guide, preferred, claim } = wishes;
     let mut request = Request {
         container_id: who.container_id.into(),
         pod_ref: config.pod_ref.clone(),
@@ -341,15 +347,16 @@ pub fn allocate(
         contention: 0,
         guidance: None,
         preferred: preferred.to_vec(),
+        claim: claim.cloned(),
     };
     let pools = placement.pools();
     let reserving = reserves(store, config);
     cycle(store, &pools, Purpose::Update, deadline, "ADD", |loaded, conflicts| {
         request.contention = conflicts;
         let asking = Holder { container_id: &request.container_id, pod_ref: &request.pod_ref, ifname: &request.ifname };
-        let config = chosen(config, placement, loaded, asking)?;
+        let config = chosen(config, placement, loaded, asking, request.claim.as_ref())?;
         let config = config.as_ref();
-        let states = states_of(config, loaded, asking, reserving);
+        let states = states_of(config, loaded, asking, request.claim.as_ref(), reserving);
         let planned = match guide {
             None => engine.plan_all(config, &states, Reservations::AsRead, &request).map_err(EngineFailure)?,
             Some(guide) => {
@@ -380,6 +387,7 @@ pub fn allocate(
                         container_id: request.container_id.clone(),
                         pod_ref: request.pod_ref.clone(),
                         ifname: request.ifname.clone(),
+                        claim: request.claim.clone(),
                     };
                     if reserving {
                         changes.push(pool_of(range), Change::Reserve { name: assignment.reservation.clone(), holder: entry.clone() });
@@ -393,7 +401,17 @@ pub fn allocate(
                         .find(|s| s.name == range.pool_name)
                         .and_then(|s| s.snapshot.held.get(held_index as usize))
                         .ok_or(IpamError::EngineAnswer { detail: "reused an entry it was not given" })?;
-                    if held.container_id != request.container_id {
+                    let moved = held.pod_ref != request.pod_ref || held.ifname != request.ifname;
+                    if held.claim.is_some() && (moved || held.container_id != request.container_id) {
+                        let holder = Allocation {
+                            offset: held.offset,
+                            container_id: request.container_id.clone(),
+                            pod_ref: request.pod_ref.clone(),
+                            ifname: request.ifname.clone(),
+                            claim: held.claim.clone(),
+                        };
+                        changes.push(pool_of(range), Change::TakeOver { offset: held.offset, from: held.container_id.clone(), holder });
+                    } else if held.container_id != request.container_id {
                         changes.push(pool_of(range), Change::SetContainerId { offset: held.offset, container_id: request.container_id.clone() });
                     } else {
                         // The read may lag behind the pool (Kubernetes reads
@@ -557,7 +575,6 @@ pub fn release(
 /// CHECK: the attachment's entry in each range of the config, with the range
 /// (or node slice) it is in; `None` where it has none.
 pub fn find(
-    engine: &mut EngineComponent,
     store: &dyn Datastore,
     config: &NormalizedConfig,
     placement: &Placement,
@@ -571,11 +588,10 @@ pub fn find(
         for range in choices {
             let entries = entries_of(&loaded, &range.pool_name);
             // Entries inside this range only: two ranges may share a pool with
-            // different range_start/range_end.
-            let matching = engine.release(range, &config.network_name, entries, &[who.into()]).map_err(EngineFailure)?;
-            if let Some(entry) =
-                matching.iter().filter_map(|m| entries.get(m.index as usize)).find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset)
-            {
+            // different range_start/range_end. A claim's entry is its holder's
+            // too, though no DEL releases it.
+            let held = |e: &&Allocation| e.container_id == who.container_id && e.ifname == who.ifname;
+            if let Some(entry) = entries.iter().filter(held).find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset) {
                 hit = Some((range.clone(), entry.clone()));
                 break;
             }
@@ -731,11 +747,12 @@ mod tests {
         }
         let mut loaded = BTreeMap::new();
         for (choice, n) in placement.choices[0].iter().zip(entries) {
-            let entry = |i: usize| Allocation { offset: 1 + i as u128, container_id: format!("c{i}"), pod_ref: "ns/p".into(), ifname: "eth0".into() };
+            let entry =
+                |i: usize| Allocation { offset: 1 + i as u128, container_id: format!("c{i}"), pod_ref: "ns/p".into(), ifname: "eth0".into(), claim: None };
             loaded.insert(choice.pool_name.clone(), Pool { entries: (0..*n).map(entry).collect(), ..Pool::default() });
         }
         let asking = Holder { container_id: "new", pod_ref: "ns/new", ifname: "eth0" };
-        chosen(&config, &placement, &loaded, asking).map(|c| c.ranges[0].cidr.clone())
+        chosen(&config, &placement, &loaded, asking, None).map(|c| c.ranges[0].cidr.clone())
     }
 
     #[test]
@@ -754,7 +771,7 @@ mod tests {
         let config = thereabouts_allocator::config::normalize(text, None, "").expect("a valid config");
         let placement = Placement::of_slices(&config, "node-a", &[&["192.0.2.0/28", "192.0.2.16/28", "192.0.2.32/28"]]);
         let pool = |i: usize| placement.choices[0][i].pool_name.clone();
-        let entry = |offset, pod: &str| Allocation { offset, container_id: format!("c{offset}"), pod_ref: pod.into(), ifname: "eth0".into() };
+        let entry = |offset, pod: &str| Allocation { offset, container_id: format!("c{offset}"), pod_ref: pod.into(), ifname: "eth0".into(), claim: None };
         let full = PoolNote::of(&[entry(1, "ns/a"), entry(2, "ns/b")]);
         let notes = [full.clone(), PoolNote::of(&[entry(3, "ns/c"), entry(4, "ns/d")]), PoolNote::of(&[entry(5, "ns/e")])];
         let two_full = |pools: &[PoolId]| notes.iter().take(pools.len()).cloned().map(Some).collect();
@@ -782,7 +799,7 @@ mod tests {
         let mut engine = crate::component::test_engine();
         let stdin = r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","datastore":"file","range":"192.0.2.0/24"}}"#;
         let config = engine.normalize(stdin, None, "").unwrap().unwrap();
-        let entry = |offset, cid: &str| Allocation { offset, container_id: cid.into(), pod_ref: String::new(), ifname: "eth0".into() };
+        let entry = |offset, cid: &str| Allocation { offset, container_id: cid.into(), pod_ref: String::new(), ifname: "eth0".into(), claim: None };
         let queued = vec![
             model::Attachment { container_id: "c1".into(), ifname: "eth0".into() },
             model::Attachment { container_id: "c2".into(), ifname: "eth0".into() },
@@ -807,7 +824,7 @@ mod tests {
         let mut engine = crate::component::test_engine();
         let stdin = r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","datastore":"file","range":"192.0.2.0/24"}}"#;
         let config = engine.normalize(stdin, None, "").unwrap().unwrap();
-        let entry = |cid: &str| Allocation { offset: 5, container_id: cid.into(), pod_ref: String::new(), ifname: "eth0".into() };
+        let entry = |cid: &str| Allocation { offset: 5, container_id: cid.into(), pod_ref: String::new(), ifname: "eth0".into(), claim: None };
         for (holder, asked) in [("c1", 0), ("c2", 1)] {
             let store = Scripted {
                 pool: Pool { version: Version("3".into()), entries: vec![entry(holder)], ..Pool::default() },
@@ -938,7 +955,7 @@ mod tests {
         let mut engine = crate::component::test_engine();
         let stdin = r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","datastore":"file","range":"192.0.2.0/24"}}"#;
         let config = engine.normalize(stdin, None, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p").unwrap().unwrap();
-        let entry = Allocation { offset: 5, container_id: "c1".into(), pod_ref: "default/p".into(), ifname: "eth0".into() };
+        let entry = Allocation { offset: 5, container_id: "c1".into(), pod_ref: "default/p".into(), ifname: "eth0".into(), claim: None };
         let store = Scripted { pool: Pool { version: Version("3".into()), entries: vec![entry], ..Pool::default() }, ..scripted(vec![Ok(Outcome::Committed)]) };
         let who = Attachment { container_id: "c1", ifname: "eth0" };
         let out = allocate(&mut engine, &store, &config, &Placement::whole(&config), who, Wishes::default(), Instant::now() + Duration::from_secs(5)).unwrap();
@@ -959,7 +976,7 @@ mod tests {
         let mut engine = crate::component::test_engine();
         let stdin = r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","datastore":"file","range":"192.0.2.0/24"}}"#;
         let config = engine.normalize(stdin, None, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p").unwrap().unwrap();
-        let entry = |cid: &str| Allocation { offset: 5, container_id: cid.into(), pod_ref: "default/p".into(), ifname: "eth0".into() };
+        let entry = |cid: &str| Allocation { offset: 5, container_id: cid.into(), pod_ref: "default/p".into(), ifname: "eth0".into(), claim: None };
         let store = Scripted {
             pool: Pool { version: Version("4".into()), entries: vec![entry("c2")], ..Pool::default() },
             stale: RefCell::new(vec![Pool { version: Version("3".into()), entries: vec![entry("c1")], ..Pool::default() }]),

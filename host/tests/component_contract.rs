@@ -98,6 +98,7 @@ fn component_answers_exactly_like_the_native_engine() {
             contention: 0,
             guidance: None,
             preferred: Vec::new(),
+            claim: None,
         };
         for reservations in [native::Reservations::AsRead, native::Reservations::FromPools] {
             assert_eq!(engine.plan_all(&config, &pools, reservations, &request).unwrap(), native::plan_all(&config, &pools, reservations, &request));
@@ -149,6 +150,7 @@ fn guidance_and_candidates_cross_the_boundary_unchanged() {
                 contention: 0,
                 guidance: Some(guidance),
                 preferred: Vec::new(),
+                claim: None,
             };
             let reservations = native::Reservations::AsRead;
             assert_eq!(engine.plan_all(&config, &pools, reservations, &request).unwrap(), native::plan_all(&config, &pools, reservations, &request));
@@ -173,7 +175,13 @@ fn release_through_the_component_names_the_reservations() {
     )
     .unwrap();
     let (range, net) = (&config.ranges[0], config.network_name.as_str());
-    let entry = |offset, container_id: &str| native::Allocation { offset, container_id: container_id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into() };
+    let entry = |offset, container_id: &str| native::Allocation {
+        offset,
+        container_id: container_id.into(),
+        pod_ref: "ns/p".into(),
+        ifname: "eth0".into(),
+        claim: None,
+    };
     let entries = vec![entry(1, "a"), entry(0, "b"), entry(1 << 40, "b")];
     let who = |container_id: &str| native::Attachment { container_id: container_id.into(), ifname: "eth0".into() };
     let released = engine.release(range, net, &entries, &[who("b")]).unwrap();

@@ -206,6 +206,8 @@ fn input(settings: &str) -> AttachmentInput {
         ranges,
         ip_ranges_allocation: RangesAllocation::All,
         preferred_ip_annotation: false,
+        allow_persistent_ips: false,
+        ipam_claim_reference: None,
         policies: Vec::new(),
         addresses: Vec::new(),
         routes_json: Some(r#"[{"dst":"0.0.0.0/0"}]"#.into()),

@@ -342,6 +342,8 @@ mod input {
             ],
             ip_ranges_allocation: RangesAllocation::All,
             preferred_ip_annotation: false,
+            allow_persistent_ips: false,
+            ipam_claim_reference: None,
             policies: Vec::new(),
             addresses: Vec::new(),
             routes_json: None,

@@ -11,6 +11,7 @@ use thereabouts_allocator::attachment::Holder;
 use thereabouts_allocator::config::SUPPORTED_CNI_VERSIONS;
 use thereabouts_allocator::model::{Assignment, NormalizedConfig, RangesAllocation};
 
+use super::claims;
 use super::env::{CniEnv, Command};
 use super::error::{CniError, code};
 use super::result::{IpConfig, IpamResult};
@@ -124,13 +125,17 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     let (namespace, name) = config.pod_ref.split_once('/').unwrap_or(("", ""));
     let needs = policies.as_ref().map(Policies::needs).unwrap_or_default();
     let policies_read_pod = policies.is_some() && (needs.labels || needs.annotations);
-    // One GET of the pod, only when a policy or `preferred_ip_annotation` asks.
-    let pod = if policies_read_pod || config.preferred_ip_annotation {
+    // A claim named in stdin needs no pod read; one in the pod's networks does.
+    let claim_in_pod = config.allow_persistent_ips && config.ipam_claim_reference.is_none();
+    // One GET of the pod, only when a policy, `preferred_ip_annotation` or a claim asks.
+    let pod = if policies_read_pod || config.preferred_ip_annotation || claim_in_pod {
         match pod_metadata(config, namespace, name, deadline) {
             Ok(pod) => pod,
             Err(stop) => {
                 match &mut policies {
                     Some(p) if policies_read_pod => p.without_pod(stop).map_err(ipam::IpamError::Policy)?,
+                    // Without its claim, a VM's address would be the pod's, lost on the next restart.
+                    _ if claim_in_pod => return Err(CniError::new(code::TRY_AGAIN_LATER, format!("allowPersistentIPs: {stop}"))),
                     // A preference never fails an ADD: without it, the configured choice.
                     _ => logging::error(format!("ADD: no preferred-ip for {}: {stop}", config.pod_ref)),
                 }
@@ -167,11 +172,56 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
         }
         _ => None,
     };
+    let claim_api = if config.allow_persistent_ips { Some(kubernetes_api(config)?) } else { None };
+    let claimed = match &claim_api {
+        Some(api) => claims::read(api, config, who.ifname, &pod.annotations, deadline)?,
+        None => None,
+    };
+    let with_claim_ips = claimed.as_ref().map(|c| claims::with_claim_ips(config, c)).transpose()?;
+    let config = with_claim_ips.as_ref().unwrap_or(config);
+    let owner = claimed.as_ref().map(claims::ClaimedAdd::claim);
+    let allocated = allocate_placed(engine, store, config, who, ipam::Wishes { guide: guide.as_ref(), preferred: &preferred, claim: owner.as_ref() }, deadline);
+    if let (Some(api), Some(c)) = (&claim_api, &claimed) {
+        match &allocated {
+            Ok(result) => claims::record(api, c, Ok(&result.ips.iter().map(|ip| ip.address.clone()).collect::<Vec<_>>()), deadline)?,
+            // The ADD's own error is what the runtime must see; the claim's condition is a courtesy.
+            Err(e) => {
+                if let Err(write) = claims::record(api, c, Err(&e.msg), deadline) {
+                    logging::error(format!("ADD: could not record the failure on IPAMClaim {}/{}: {}", c.namespace, c.name, write.msg));
+                }
+            }
+        }
+    }
+    let result = allocated?;
+    logging::verbose(format!("ADD {}/{}: {}", who.container_id, who.ifname, result.ips.iter().map(|ip| ip.address.as_str()).collect::<Vec<_>>().join(", ")));
+    result.to_json(&config.cni_version)
+}
+
+/// The Kubernetes API of the config's kubeconfig (its datastore's, or
+/// `kubernetes.kubeconfig`), for what an ADD reads besides pools.
+fn kubernetes_api(config: &NormalizedConfig) -> Result<datastore::kubernetes::KubernetesStore, CniError> {
+    let Some(kubeconfig) = config.datastore.kubeconfig.as_deref() else {
+        return Err(CniError::new(code::INVALID_CONFIG, "allowPersistentIPs needs the Kubernetes API to read IPAMClaims, and the config names no kubeconfig")
+            .with_details("field: kubernetes.kubeconfig"));
+    };
+    Ok(datastore::kubernetes::KubernetesStore::open(std::path::Path::new(kubeconfig))?)
+}
+
+/// Places and allocates: the node's slices (claiming another when they are
+/// full), then one address from each range.
+fn allocate_placed(
+    engine: &mut EngineComponent,
+    store: &dyn Datastore,
+    config: &NormalizedConfig,
+    who: Attachment,
+    wishes: ipam::Wishes,
+    deadline: Instant,
+) -> Result<IpamResult, CniError> {
     let mut placement = Placement::resolve(engine, store, config, Claims::Allowed, deadline)?;
     let asking = Holder { container_id: who.container_id, pod_ref: &config.pod_ref, ifname: who.ifname };
     placement.leave_out_full(config, asking, &|pools| store.pool_notes(pools));
     let assignments = loop {
-        match ipam::allocate(engine, store, config, &placement, who, ipam::Wishes { guide: guide.as_ref(), preferred: &preferred }, deadline) {
+        match ipam::allocate(engine, store, config, &placement, who, wishes, deadline) {
             // The pools it read are full, and it left out those its node
             // noted at the bound: another slice, else all of them past it.
             Err(ipam::IpamError::SlicesFull { range_index, .. }) if placement.left_out_some(range_index) => {
@@ -184,9 +234,7 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
             other => break other?,
         }
     };
-    let result = build_result(config, &assignments)?;
-    logging::verbose(format!("ADD {}/{}: {}", who.container_id, who.ifname, result.ips.iter().map(|ip| ip.address.as_str()).collect::<Vec<_>>().join(", ")));
-    result.to_json(&config.cni_version)
+    build_result(config, &assignments)
 }
 
 /// CNI_ARGS as key-value pairs, in order, by the engine's own parser (the
@@ -270,7 +318,7 @@ fn check(engine: &mut EngineComponent, store: &dyn Datastore, config: &Normalize
     let previous = prev_result_addresses(stdin)?;
     let deadline = deadline(retry::OTHER_BUDGET);
     let placement = Placement::resolve(engine, store, config, Claims::None, deadline)?;
-    let found = ipam::find(engine, store, config, &placement, who, deadline)?;
+    let found = ipam::find(store, config, &placement, who, deadline)?;
     // With `first_available` the attachment holds an address in one range, not all.
     let first_available = config.ip_ranges_allocation == RangesAllocation::FirstAvailable;
     let mut ours = Vec::new();

@@ -2,6 +2,7 @@
 //! `CNI_COMMAND` is set). stdout carries exactly one result or error document;
 //! logs go to stderr or the configured `log_file`.
 
+pub mod claims;
 pub mod commands;
 pub mod env;
 pub mod error;

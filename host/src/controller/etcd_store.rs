@@ -87,6 +87,7 @@ impl EtcdStore {
             }
             held.reservations.push(Reservation {
                 name,
+                claim: r.claim(),
                 podref: r.podref,
                 containerid: r.containerid,
                 ifname: r.ifname,

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
+use thereabouts_allocator::attachment::{Holder, Ifname, owns_record};
 use thereabouts_allocator::ip::{self, Family};
-use thereabouts_allocator::model::Allocation;
+use thereabouts_allocator::model::{Allocation, Claim};
 
 /// One pool entry.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +37,8 @@ pub struct Reservation {
     pub podref: String,
     pub containerid: String,
     pub ifname: String,
+    /// The claim that owns the address, when one does.
+    pub claim: Option<Claim>,
     /// What a guarded delete must still find: the object's UID (Kubernetes),
     /// empty on etcd.
     pub uid: String,
@@ -142,10 +144,11 @@ impl Reservation {
     }
 
     /// Whether it is the reservation of `entry`: its address, and the same
-    /// attachment (whereabouts before v0.8.0 wrote no interface).
+    /// attachment (whereabouts before v0.8.0 wrote no interface) or claim
+    /// (whose entry a new pod may hold since).
     pub fn backs(&self, entry: &Entry) -> bool {
         let recorded = Holder { container_id: &self.containerid, pod_ref: &self.podref, ifname: &self.ifname };
-        self.names(entry.address) && same_attachment(recorded, entry.holder.holder(), Ifname::MayBeMissing)
+        self.names(entry.address) && owns_record(recorded, self.claim.as_ref(), entry.holder.holder(), entry.holder.claim.as_ref(), Ifname::MayBeMissing)
     }
 }
 
@@ -209,6 +212,7 @@ mod tests {
             podref: podref.into(),
             containerid: "c1".into(),
             ifname: "net1".into(),
+            claim: None,
             uid: String::new(),
             version: String::new(),
             age: None,
@@ -237,7 +241,7 @@ mod tests {
         let entry = |podref: &str, ifname: &str| Entry {
             pool: "p".into(),
             address: "192.0.2.1".parse().unwrap(),
-            holder: Allocation { offset: 1, container_id: "c2".into(), pod_ref: podref.into(), ifname: ifname.into() },
+            holder: Allocation { offset: 1, container_id: "c2".into(), pod_ref: podref.into(), ifname: ifname.into(), claim: None },
             key: "1".into(),
             id: Value::Null,
             pool_version: "".into(),
@@ -256,7 +260,7 @@ mod tests {
         let entry = |address: &str| Entry {
             pool: "p".into(),
             address: address.parse().unwrap(),
-            holder: Allocation { offset: 1, container_id: "c1".into(), pod_ref: "ns/a".into(), ifname: "net1".into() },
+            holder: Allocation { offset: 1, container_id: "c1".into(), pod_ref: "ns/a".into(), ifname: "net1".into(), claim: None },
             key: "1".into(),
             id: Value::Null,
             pool_version: "".into(),

@@ -177,6 +177,7 @@ impl KubeStore {
                     podref: r.podref,
                     containerid: r.containerid,
                     ifname: r.ifname,
+                    claim: r.claim,
                     uid: r.uid,
                     version: r.resource_version,
                     age: created.map(|c| Duration::from_secs(now.saturating_sub(c).max(0) as u64)),

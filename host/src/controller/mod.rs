@@ -49,7 +49,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::datastore::kubernetes::kubeconfig;
-pub use slice_pass::{NAD_RESOURCE, NODE_SLICE_POOL_RESOURCE};
+pub use slice_pass::{IPAM_CLAIM_RESOURCE, NAD_RESOURCE, NODE_SLICE_POOL_RESOURCE};
 
 /// What `thereabouts controller` is told on its command line.
 #[derive(Debug, Clone)]
@@ -153,11 +153,14 @@ pub fn reconciler(
     }
 }
 
-/// What the pod watch tells the loop.
+/// What the pod and claim watches tell the loop.
 enum PodEvent {
     Deleted(String),
     /// The watch listed every pod again: deletes in between were not seen.
     Relisted,
+    /// An IPAMClaim was deleted: a full pass frees what it owned (claims are
+    /// few; the pool index is by pod).
+    ClaimDeleted,
 }
 
 async fn serve(options: Options) -> Result<()> {
@@ -199,6 +202,7 @@ async fn serve(options: Options) -> Result<()> {
         pool_index::spawn_pool_watch(&client, &options.namespace, kube.pool_index.clone());
     }
     let (pod_events, mut pod_events_rx) = mpsc::unbounded_channel();
+    spawn_claim_watch(&client, pod_events.clone());
     spawn_pod_watch(&client, pod_events);
     let lease = LeaseManagerBuilder::new(client, lease_guard::LEASE_NAME)
         .with_namespace(options.namespace.clone())
@@ -359,9 +363,12 @@ async fn delete_passes(
             }
             seen = now;
         }
-        let (pods, relisted) = collect_deletes(event, events);
+        let (pods, relisted, claims) = collect_deletes(event, events);
         if relisted {
             full_due.bring_forward(Instant::now(), "the pod watch listed again");
+        }
+        if claims {
+            full_due.bring_forward(Instant::now(), "an IPAMClaim was deleted");
         }
         if !pods.is_empty() {
             let (ok, recheck) = run_passes(reconcilers, &reconcile::Scope::Pods(pods)).await;
@@ -417,18 +424,20 @@ pub async fn etcd_store_of(engine: &mut crate::component::EngineComponent, path:
 /// The deletes already queued with `first`, as one set, and whether a
 /// re-list came among them (deletes in between were not seen: a full pass
 /// is due). The deletes seen are freed either way, without waiting for it.
-fn collect_deletes(first: PodEvent, queued: &mut mpsc::UnboundedReceiver<PodEvent>) -> (BTreeSet<String>, bool) {
+fn collect_deletes(first: PodEvent, queued: &mut mpsc::UnboundedReceiver<PodEvent>) -> (BTreeSet<String>, bool, bool) {
     let mut pods = BTreeSet::new();
     let mut relisted = false;
+    let mut claims = false;
     for event in std::iter::once(first).chain(std::iter::from_fn(|| queued.try_recv().ok())) {
         match event {
             PodEvent::Deleted(podref) => {
                 pods.insert(podref);
             }
             PodEvent::Relisted => relisted = true,
+            PodEvent::ClaimDeleted => claims = true,
         }
     }
-    (pods, relisted)
+    (pods, relisted, claims)
 }
 
 /// Pod deletes, from a metadata-only watch of every pod (a few hundred bytes
@@ -450,6 +459,18 @@ fn spawn_pod_watch(client: &kube::Client, events: mpsc::UnboundedSender<PodEvent
         };
         if let Some(e) = sent {
             let _ = events.send(e);
+        }
+        std::future::ready(())
+    }));
+}
+
+/// IPAMClaim deletes, from a metadata-only watch. Where the CRD is not
+/// installed the watch backs off and tries again (it may be installed later).
+fn spawn_claim_watch(client: &kube::Client, events: mpsc::UnboundedSender<PodEvent>) {
+    let claims: KubeApi<PartialObjectMeta<DynamicObject>> = KubeApi::all_with(client.clone(), &IPAM_CLAIM_RESOURCE.api_resource());
+    tokio::spawn(watcher(claims, watcher::Config::default()).default_backoff().for_each(move |event| {
+        if let Ok(watcher::Event::Delete(_)) = event {
+            let _ = events.send(PodEvent::ClaimDeleted);
         }
         std::future::ready(())
     }));

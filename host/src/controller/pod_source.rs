@@ -12,6 +12,7 @@ use super::api::{Api, ApiError};
 use super::pods::{Names, PodFacts, PodJson};
 use super::verdict::PodView;
 use crate::datastore::kubernetes::crd::escape;
+use thereabouts_allocator::model::Claim;
 
 const PODS_PAGE: u32 = 500;
 /// Nodes per page: a real Node is 10 to 50 KB (its image list), and a page is
@@ -26,6 +27,8 @@ pub struct PodsAt {
     pods: HashMap<Box<str>, PodFacts>,
     ready: HashMap<String, bool>,
     names: Names,
+    /// The IPAMClaims that exist (`namespace/name`), when they were read.
+    ipam_claims: Option<HashSet<String>>,
 }
 
 impl PodView for PodsAt {
@@ -35,11 +38,51 @@ impl PodView for PodsAt {
     fn node_ready(&self, node: &str) -> Option<bool> {
         self.ready.get(node).copied()
     }
+    fn claim_gone(&self, claim: &Claim) -> bool {
+        match claim {
+            Claim::IpamClaim(r) => self.ipam_claims.as_ref().is_some_and(|known| !known.contains(r)),
+            // Not read yet: never freed on a guess.
+            Claim::ResourceClaim(_) => false,
+        }
+    }
 }
+
+/// Every IPAMClaim of the cluster (`k8s.cni.cncf.io/v1alpha1`).
+pub const IPAM_CLAIMS: &str = "/apis/k8s.cni.cncf.io/v1alpha1/ipamclaims";
+const CLAIMS_PAGE: u32 = 500;
 
 impl PodsAt {
     pub fn len(&self) -> usize {
         self.pods.len()
+    }
+
+    /// Reads which IPAMClaims exist, so that the entries of a deleted one
+    /// are freed. Where the CRD is not installed, none is known and none is
+    /// freed.
+    pub async fn read_ipam_claims(&mut self, api: &Api) -> Result<(), ApiError> {
+        #[derive(Deserialize)]
+        struct ClaimJson {
+            metadata: ClaimMeta,
+        }
+        #[derive(Deserialize)]
+        struct ClaimMeta {
+            #[serde(default)]
+            namespace: String,
+            #[serde(default)]
+            name: String,
+        }
+        let mut known = HashSet::new();
+        match api
+            .list_pages::<ClaimJson>(IPAM_CLAIMS, CLAIMS_PAGE, |c| {
+                known.insert(format!("{}/{}", c.metadata.namespace, c.metadata.name));
+            })
+            .await
+        {
+            Ok(()) => self.ipam_claims = Some(known),
+            Err(e) if e.code() == Some(404) => self.ipam_claims = None,
+            Err(e) => return Err(e),
+        }
+        Ok(())
     }
 
     /// Every pod of the cluster that `wanted` names (the podrefs the

@@ -19,6 +19,7 @@ use super::store::Store;
 use super::verdict::{self, Reason, Rules, Verdict};
 use crate::logging;
 use anyhow::{Context, Result};
+use thereabouts_allocator::model::Claim;
 
 /// Which entries a pass looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +112,13 @@ impl Reconciler {
             Scope::Full => {
                 let wanted: HashSet<&str> =
                     held.entries.iter().map(|e| e.holder.pod_ref.as_str()).chain(held.reservations.iter().map(|r| r.podref.as_str())).collect();
-                PodsAt::all(&self.api, &wanted).await.context("listing pods")?
+                let mut pods = PodsAt::all(&self.api, &wanted).await.context("listing pods")?;
+                // Claims only where a claim owns something: most clusters have none.
+                let ipam_claim = |c: Option<&Claim>| matches!(c, Some(Claim::IpamClaim(_)));
+                if held.entries.iter().any(|e| ipam_claim(e.holder.claim.as_ref())) || held.reservations.iter().any(|r| ipam_claim(r.claim.as_ref())) {
+                    pods.read_ipam_claims(&self.api).await.context("listing IPAMClaims")?;
+                }
+                pods
             }
             Scope::Pods(_) => {
                 let named: BTreeSet<String> =

@@ -265,6 +265,6 @@ fn deletes_that_come_with_a_pod_watch_relist_are_still_freed_at_once() {
     let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel();
     queue.send(super::PodEvent::Relisted).unwrap();
     queue.send(super::PodEvent::Deleted("default/b".into())).unwrap();
-    let (pods, relisted) = super::collect_deletes(super::PodEvent::Deleted("default/a".into()), &mut queued);
+    let (pods, relisted, _) = super::collect_deletes(super::PodEvent::Deleted("default/a".into()), &mut queued);
     assert_eq!((pods.into_iter().collect::<Vec<_>>(), relisted), (vec!["default/a".to_string(), "default/b".to_string()], true));
 }

@@ -47,6 +47,7 @@ pub const NAD_RESOURCE: Resource =
     Resource { group: "k8s.cni.cncf.io", version: "v1", kind: "NetworkAttachmentDefinition", plural: "network-attachment-definitions" };
 pub const NODE_SLICE_POOL_RESOURCE: Resource =
     Resource { group: "whereabouts.cni.cncf.io", version: "v1alpha1", kind: "NodeSlicePool", plural: "nodeslicepools" };
+pub const IPAM_CLAIM_RESOURCE: Resource = Resource { group: "k8s.cni.cncf.io", version: "v1alpha1", kind: "IPAMClaim", plural: "ipamclaims" };
 pub const IPPOOL_RESOURCE: Resource = Resource { group: "whereabouts.cni.cncf.io", version: "v1alpha1", kind: "IPPool", plural: "ippools" };
 /// IPPools per page: the pass counts their entries, and a page is held whole
 /// while it is decoded (every pool of a large cluster at once was its whole

@@ -482,7 +482,7 @@ mod tests {
         Entry {
             pool: pool.into(),
             address: address.parse().unwrap(),
-            holder: Allocation { offset: 1, container_id: cid.into(), pod_ref: podref.into(), ifname: "net1".into() },
+            holder: Allocation { offset: 1, container_id: cid.into(), pod_ref: podref.into(), ifname: "net1".into(), claim: None },
             key: "1".into(),
             id: Value::Null,
             pool_version: "".into(),
@@ -494,6 +494,7 @@ mod tests {
             podref: podref.into(),
             containerid: cid.into(),
             ifname: "net1".into(),
+            claim: None,
             uid: String::new(),
             version: String::new(),
             age: Some(Duration::from_secs(600)),

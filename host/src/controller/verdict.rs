@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::held::{Entry, EntryIndex, Holdings, Reservation};
 use super::pods::{Phase, PodFacts};
 use thereabouts_allocator::ip::Family;
+use thereabouts_allocator::model::Claim;
 
 /// Why an address is given back; the value of the freed-addresses metric's
 /// `reason` label.
@@ -28,6 +29,8 @@ pub enum Reason {
     OrphanReservation,
     /// `thereabouts release`.
     ReleasedByHand,
+    /// The claim that owned it (an IPAMClaim) was deleted.
+    ClaimGone,
 }
 
 impl Reason {
@@ -38,6 +41,7 @@ impl Reason {
             Reason::SandboxReplaced => "sandbox_replaced",
             Reason::OrphanReservation => "orphan_reservation",
             Reason::ReleasedByHand => "released_by_hand",
+            Reason::ClaimGone => "claim_gone",
         }
     }
 
@@ -48,6 +52,7 @@ impl Reason {
             Reason::SandboxReplaced => "its pod runs with another address on this interface",
             Reason::OrphanReservation => "no pool entry holds it and its pod does not use it",
             Reason::ReleasedByHand => "released by hand",
+            Reason::ClaimGone => "the claim that owned it is gone",
         }
     }
 }
@@ -76,6 +81,11 @@ pub trait PodView {
     fn pod(&self, podref: &str) -> Option<&PodFacts>;
     /// `Some(true)` for a node whose `Ready` condition is `True`.
     fn node_ready(&self, node: &str) -> Option<bool>;
+    /// Whether the claim is known to be gone (read after the datastore, as
+    /// the pods are). Unknown (not read, its CRD not installed) is not gone.
+    fn claim_gone(&self, _claim: &Claim) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -95,6 +105,14 @@ pub fn decide(held: &Holdings, pods: &dyn PodView, rules: Rules) -> Verdict {
         by_attachment.entry((e.holder.pod_ref.as_str(), e.holder.ifname.as_str())).or_default().push(e);
     }
     for e in &held.entries {
+        // A claim's address outlives every pod that holds it: only the
+        // claim's end frees it, and no pod rule does.
+        if let Some(claim) = &e.holder.claim {
+            if pods.claim_gone(claim) {
+                verdict.entries.push((e.clone(), Reason::ClaimGone));
+            }
+            continue;
+        }
         if !e.holder.pod_ref.contains('/') {
             verdict.without_podref.push(e.clone());
             continue;
@@ -151,7 +169,13 @@ fn entry_reason(e: &Entry, siblings: &[&Entry], pods: &dyn PodView, rules: Rules
 /// without this address, and the reservation is older than an ADD can take;
 /// and in every case only once it has been seen so for the unbacked grace.
 fn orphaned(r: &Reservation, pods: &dyn PodView, rules: Rules) -> bool {
-    if !r.podref.contains('/') || r.unbacked_for.is_none_or(|d| d < rules.unbacked_grace) {
+    if r.unbacked_for.is_none_or(|d| d < rules.unbacked_grace) {
+        return false;
+    }
+    if let Some(claim) = &r.claim {
+        return pods.claim_gone(claim);
+    }
+    if !r.podref.contains('/') {
         return false;
     }
     let Some(pod) = pods.pod(&r.podref) else { return true };
@@ -175,6 +199,7 @@ mod tests {
     struct View {
         pods: BTreeMap<String, PodFacts>,
         ready: BTreeMap<String, bool>,
+        claims_gone: Vec<Claim>,
     }
     impl PodView for View {
         fn pod(&self, podref: &str) -> Option<&PodFacts> {
@@ -182,6 +207,9 @@ mod tests {
         }
         fn node_ready(&self, node: &str) -> Option<bool> {
             self.ready.get(node).copied()
+        }
+        fn claim_gone(&self, claim: &Claim) -> bool {
+            self.claims_gone.contains(claim)
         }
     }
 
@@ -192,7 +220,7 @@ mod tests {
         Entry {
             pool: "192.0.2.0-24".into(),
             address: address.parse().unwrap(),
-            holder: Allocation { offset: 0, container_id: cid.into(), pod_ref: podref.into(), ifname: "net1".into() },
+            holder: Allocation { offset: 0, container_id: cid.into(), pod_ref: podref.into(), ifname: "net1".into(), claim: None },
             key: "0".into(),
             id: Value::String(cid.into()),
             pool_version: "1".into(),
@@ -204,6 +232,7 @@ mod tests {
             podref: podref.into(),
             containerid: cid.into(),
             ifname: "net1".into(),
+            claim: None,
             uid: "u".into(),
             version: "1".into(),
             age: Some(Duration::from_secs(age)),
@@ -221,13 +250,26 @@ mod tests {
         }
     }
     fn view(pods: &[(&str, PodFacts)]) -> View {
-        View { pods: pods.iter().map(|(n, p)| (n.to_string(), p.clone())).collect(), ready: [("node-1".to_string(), true)].into() }
+        View { pods: pods.iter().map(|(n, p)| (n.to_string(), p.clone())).collect(), ready: [("node-1".to_string(), true)].into(), claims_gone: Vec::new() }
     }
     fn held(entries: Vec<Entry>, reservations: Vec<Reservation>) -> Holdings {
         Holdings { entries, reservations, ..Holdings::default() }
     }
     fn reasons(v: &Verdict) -> Vec<(String, Reason)> {
         v.entries.iter().map(|(e, r)| (e.address.to_string(), *r)).chain(v.reservations.iter().map(|(r, why)| (r.name.clone(), *why))).collect()
+    }
+
+    #[test]
+    fn a_claims_address_outlives_its_pods_and_ends_with_the_claim() {
+        let vm = Claim::IpamClaim("ns/vm.net".into());
+        let mut e = entry("192.0.2.1", "c1", "ns/launcher-a");
+        e.holder.claim = Some(vm.clone());
+        // The ORIP still names the first launcher pod; the claim makes it the entry's.
+        let r = Reservation { claim: Some(vm.clone()), ..reservation("192.0.2.1", "c0", "ns/launcher-old", 0) };
+        let h = held(vec![e], vec![r]);
+        assert_eq!(reasons(&decide(&h, &view(&[]), RULES)), [], "its pods are gone, the claim is not");
+        let gone = View { claims_gone: vec![vm], ..view(&[]) };
+        assert_eq!(reasons(&decide(&h, &gone, RULES)), [("192.0.2.1".into(), Reason::ClaimGone), ("192.0.2.1".into(), Reason::ClaimGone)]);
     }
 
     #[test]

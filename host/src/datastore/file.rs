@@ -516,7 +516,7 @@ fn apply(pool_name: &str, pool: Pool, changes: &[Change], network: &Arc<str>) ->
                     stored.unreserved.insert(allocation.offset);
                 }
             }
-            Change::SetContainerId { offset, .. } => record(&mut stored.created_by, *offset),
+            Change::SetContainerId { offset, .. } | Change::TakeOver { offset, .. } => record(&mut stored.created_by, *offset),
             Change::Remove { offset } => {
                 stored.created_by.remove(offset);
                 stored.unreserved.remove(offset);
@@ -557,7 +557,7 @@ mod tests {
     }
 
     fn alloc(offset: u128, id: &str) -> Allocation {
-        Allocation { offset, container_id: id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into() }
+        Allocation { offset, container_id: id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), claim: None }
     }
 
     fn soon() -> Instant {

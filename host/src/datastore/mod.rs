@@ -89,6 +89,11 @@ pub enum Change {
     /// Hand an existing allocation to a new container of the same pod (a
     /// StatefulSet pod re-created under the same name keeps its address).
     SetContainerId { offset: u128, container_id: String },
+    /// Hand a claim's entry to the claim's new holder (a VM's new launcher
+    /// pod, a live migration's target): its container ID, pod and interface
+    /// become `holder`'s, the claim stays. Applies only if the entry still
+    /// has the container ID `from` as read.
+    TakeOver { offset: u128, from: String, holder: Allocation },
     /// Keep the allocation the attachment holds at `offset` (a retried ADD):
     /// nothing changes, but the commit applies only if the entry is still
     /// there with `container_id`. A plan on a read that lags behind the pool
@@ -125,6 +130,15 @@ impl Change {
             }
             Change::SetContainerId { offset, container_id } => {
                 entries.get_mut(offset).ok_or_else(|| format!("no allocation at offset {offset} to update"))?.container_id = container_id.clone();
+            }
+            Change::TakeOver { offset, from, holder } => {
+                let entry = entries
+                    .get_mut(offset)
+                    .filter(|e| e.container_id == *from)
+                    .ok_or_else(|| format!("no allocation of container {from} at offset {offset} to take over"))?;
+                entry.container_id = holder.container_id.clone();
+                entry.pod_ref = holder.pod_ref.clone();
+                entry.ifname = holder.ifname.clone();
             }
             Change::Keep { offset, container_id } => {
                 if entries.get(offset).is_none_or(|e| e.container_id != *container_id) {
@@ -546,7 +560,7 @@ mod tests {
 
     #[test]
     fn a_change_that_contradicts_the_entries_is_an_error_on_every_store() {
-        let a = |offset: u128, id: &str| Allocation { offset, container_id: id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into() };
+        let a = |offset: u128, id: &str| Allocation { offset, container_id: id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), claim: None };
         let mut entries = BTreeMap::from([(1, a(1, "c1"))]);
         let changes = [Change::Insert(a(2, "c2")), Change::SetContainerId { offset: 1, container_id: "c3".into() }, Change::Remove { offset: 2 }];
         apply_changes(&mut entries, &changes).unwrap();

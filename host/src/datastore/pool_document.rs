@@ -2,7 +2,8 @@
 //! store's slots, the etcd pool keys) encodes it, in one place.
 //!
 //! `{"range": "<CIDR>", "allocations": {"<decimal offset>": {"id", "podref",
-//! "ifname"}}}`: the shape of whereabouts' `IPPool` spec (its `IPAllocation`
+//! "ifname"}}}` (and `ipamclaimref` or `resourceclaimref` on an entry a claim
+//! owns, [`claim_fields`]): the shape of whereabouts' `IPPool` spec (its `IPAllocation`
 //! JSON names, in its field order), keys in ascending numeric order. The file
 //! store also records the CNI network that created each entry (`network`): once
 //! for the pool when one network created every entry (the usual pool), per
@@ -17,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use thereabouts_allocator::model::Allocation;
+use thereabouts_allocator::model::{Allocation, Claim};
 
 /// A pool as read: its range and entries in ascending offset order (one per
 /// offset), with the network that created each where known. A list, not a
@@ -64,17 +65,47 @@ struct WireEntry<'a> {
     /// Made without a reservation: not one for an overlapping pool.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     unreserved: bool,
+    /// The owner when a claim owns the entry ([`claim_fields`]).
+    #[serde(borrow, default, skip_serializing_if = "str::is_empty")]
+    ipamclaimref: Cow<'a, str>,
+    #[serde(borrow, default, skip_serializing_if = "str::is_empty")]
+    resourceclaimref: Cow<'a, str>,
 }
 
 impl<'a> WireEntry<'a> {
     fn of(a: &'a Allocation, network: &'a str, unreserved: bool) -> Self {
+        let (ipamclaimref, resourceclaimref) = claim_fields(a.claim.as_ref());
         WireEntry {
             id: Cow::Borrowed(&a.container_id),
             podref: Cow::Borrowed(&a.pod_ref),
             ifname: Cow::Borrowed(&a.ifname),
             network: Cow::Borrowed(network),
             unreserved,
+            ipamclaimref: Cow::Borrowed(ipamclaimref),
+            resourceclaimref: Cow::Borrowed(resourceclaimref),
         }
+    }
+}
+
+/// How every store records an entry's claim, beside the `id`, `podref` and
+/// `ifname` of the pod holding it (which whereabouts reads, so it counts the
+/// address as taken): `ipamclaimref: "ns/name"` for an IPAMClaim, the field
+/// whereabouts PR #742 adds; `resourceclaimref: "ns/name"` for a
+/// ResourceClaim device. Both empty: the pod owns it.
+pub fn claim_fields(claim: Option<&Claim>) -> (&str, &str) {
+    match claim {
+        None => ("", ""),
+        Some(Claim::IpamClaim(r)) => (r, ""),
+        Some(Claim::ResourceClaim(r)) => ("", r),
+    }
+}
+
+/// The claim [`claim_fields`] recorded (an IPAMClaim when both are set).
+pub fn claim_of(ipamclaimref: &str, resourceclaimref: &str) -> Option<Claim> {
+    match (ipamclaimref, resourceclaimref) {
+        ("", "") => None,
+        ("", r) => Some(Claim::ResourceClaim(r.to_string())),
+        (r, _) => Some(Claim::IpamClaim(r.to_string())),
     }
 }
 
@@ -144,7 +175,8 @@ impl PoolDocument {
                 if e.unreserved {
                     unreserved.insert(offset);
                 }
-                Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned() }
+                let claim = claim_of(&e.ipamclaimref, &e.resourceclaimref);
+                Allocation { offset, container_id: e.id.into_owned(), pod_ref: e.podref.into_owned(), ifname: e.ifname.into_owned(), claim }
             })
             .collect();
         Ok(PoolDocument { range: wire.range.into_owned(), entries, created_by, unreserved })
@@ -162,7 +194,7 @@ mod tests {
     use super::*;
 
     fn alloc(offset: u128, id: &str) -> Allocation {
-        Allocation { offset, container_id: id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into() }
+        Allocation { offset, container_id: id.into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), claim: None }
     }
 
     fn by_offset(entries: &[Allocation]) -> BTreeMap<u128, Allocation> {
@@ -171,6 +203,18 @@ mod tests {
 
     fn creators(pairs: &[(u128, &str)]) -> BTreeMap<u128, Arc<str>> {
         pairs.iter().map(|&(o, n)| (o, Arc::from(n))).collect()
+    }
+
+    #[test]
+    fn a_claims_entry_keeps_every_field_whereabouts_reads_and_adds_its_claim() {
+        let vm = Allocation { claim: Some(Claim::IpamClaim("ns/vm.blue".into())), ..alloc(5, "c") };
+        let device = Allocation { claim: Some(Claim::ResourceClaim("ns/rc".into())), ..alloc(6, "uid") };
+        assert_eq!(entry_value(&vm), serde_json::json!({"id": "c", "podref": "ns/p", "ifname": "eth0", "ipamclaimref": "ns/vm.blue"}));
+        assert_eq!(entry_value(&device)["resourceclaimref"], "ns/rc");
+        assert_eq!(entry_value(&alloc(7, "c")), serde_json::json!({"id": "c", "podref": "ns/p", "ifname": "eth0"}), "a pod's, as today");
+        let entries = by_offset(&[vm, device, alloc(7, "c")]);
+        let read = PoolDocument::decode(&encode("192.0.2.0/24", &entries, &BTreeMap::new(), &BTreeSet::new(), Format::Compact)).unwrap();
+        assert_eq!(read.entries, entries.values().cloned().collect::<Vec<_>>());
     }
 
     #[test]
@@ -209,7 +253,7 @@ mod tests {
     #[test]
     fn malformed_documents_are_errors_and_missing_entry_fields_read_as_empty() {
         let sparse = PoolDocument::decode(br#"{"range": "2001:db8::/64", "allocations": {"5": {"id": "c"}}}"#).unwrap();
-        assert_eq!(sparse.entries, [Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new() }]);
+        assert_eq!(sparse.entries, [Allocation { offset: 5, container_id: "c".into(), pod_ref: String::new(), ifname: String::new(), claim: None }]);
         assert_eq!(PoolDocument::decode(br#"{"range": "2001:db8::/64"}"#).unwrap(), PoolDocument::empty("2001:db8::/64"));
         for bad in [&br#"{"range": "x", "allocations": []}"#[..], br#"{"range": "x", "allocations": {"-1": {}}}"#, br#"{"allocations": {}}"#, b"{", b"", b"[1]"]
         {

@@ -81,7 +81,7 @@ mod tests {
     use super::*;
 
     fn entry(container_id: &str, pod_ref: &str) -> Allocation {
-        Allocation { offset: 1, container_id: container_id.into(), pod_ref: pod_ref.into(), ifname: "eth0".into() }
+        Allocation { offset: 1, container_id: container_id.into(), pod_ref: pod_ref.into(), ifname: "eth0".into(), claim: None }
     }
 
     fn asking<'a>(container_id: &'a str, pod_ref: &'a str) -> Holder<'a> {

@@ -77,6 +77,7 @@ pub fn preview(
             contention: 0,
             guidance: None,
             preferred: Vec::new(),
+            claim: None,
         };
         let guided = policies.select(&subject, &seen).map_err(GuideError::from).and_then(|selection| {
             let guide = Guide { policies: &policies, subject: subject.clone(), seen: seen.clone(), selection };

@@ -182,6 +182,11 @@ impl Objects {
         self.send(http::Method::DELETE, &self.path(plural, Some(name)), None).map(|_| ())
     }
 
+    /// [`Objects::delete`] for a kind of another API group.
+    pub fn delete_at(&self, group_version: &str, plural: &str, name: &str) -> Result<()> {
+        self.send(http::Method::DELETE, &self.path_in(group_version, plural, Some(name)), None).map(|_| ())
+    }
+
     /// Creates (or keeps) a namespace.
     pub fn ensure_namespace(&self, name: &str) -> Result<()> {
         let request = http::Request::builder()

@@ -53,7 +53,7 @@ fn the_plain_manifests_are_the_chart_rendered() {
     ok(rendered, "scripts/render-manifests.sh");
     let mut files: Vec<PathBuf> = std::fs::read_dir(out.path()).unwrap().flatten().map(|e| e.path()).collect();
     files.sort();
-    assert_eq!(files.len(), 6, "{files:?}");
+    assert_eq!(files.len(), 7, "{files:?}");
     for file in files {
         let name = file.file_name().unwrap();
         let committed = std::fs::read_to_string(deploy_dir().join(name)).unwrap_or_default();

@@ -357,6 +357,17 @@ async fn manifests_pass_strict_server_side_validation() {
         pod_labels[1].data["subjects"],
         json!([{"kind": "ServiceAccount", "name": service_account.metadata.name, "namespace": service_account.metadata.namespace}])
     );
+    // The opt-in for IPAMClaims: get pods and claims, patch claims' status, nothing else.
+    let persistent = strict_apply(&admin, &deploy_dir().join("rbac-persistent-ips.yaml")).await;
+    assert_eq!(
+        persistent[0].data["rules"],
+        json!([
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+            {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["ipamclaims"], "verbs": ["get"]},
+            {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["ipamclaims/status"], "verbs": ["patch"]}
+        ])
+    );
+    assert_eq!(persistent[1].data["subjects"], pod_labels[1].data["subjects"]);
     let applied = strict_apply(&admin, &deploy_dir().join("daemonset.yaml")).await;
     assert_eq!(applied.len(), 1);
     // The flow-control objects: the schema matches the plugin's ServiceAccount
@@ -582,6 +593,8 @@ async fn controller_yaml_grants_exactly_what_the_controller_needs() {
         ("get", "coordination.k8s.io", "leases", ns),
         ("patch", "coordination.k8s.io", "leases", ns),
         ("list", "k8s.cni.cncf.io", "network-attachment-definitions", None),
+        ("list", "k8s.cni.cncf.io", "ipamclaims", None),
+        ("watch", "k8s.cni.cncf.io", "ipamclaims", None),
     ];
     let refused = [
         ("delete", "", "pods", Some("default")),

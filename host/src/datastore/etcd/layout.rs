@@ -17,9 +17,10 @@
 //! A pool's version is the key's `mod_revision` (decimal); absent = empty.
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
-use thereabouts_allocator::model::Allocation;
+use thereabouts_allocator::attachment::{Holder, owns};
+use thereabouts_allocator::model::{Allocation, Claim};
+
+use crate::datastore::pool_document::{claim_fields, claim_of};
 
 /// Where keys live when `etcd_prefix` is not set.
 pub const DEFAULT_PREFIX: &str = "/thereabouts/";
@@ -61,26 +62,43 @@ pub struct ReservationValue {
     pub podref: String,
     #[serde(default)]
     pub ifname: String,
+    /// The claim that owns the address (`pool_document::claim_fields`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ipamclaimref: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub resourceclaimref: String,
 }
 
 impl ReservationValue {
     pub fn of(holder: &Allocation) -> Self {
-        ReservationValue { containerid: holder.container_id.clone(), podref: holder.pod_ref.clone(), ifname: holder.ifname.clone() }
+        let (ipamclaimref, resourceclaimref) = claim_fields(holder.claim.as_ref());
+        ReservationValue {
+            containerid: holder.container_id.clone(),
+            podref: holder.pod_ref.clone(),
+            ifname: holder.ifname.clone(),
+            ipamclaimref: ipamclaimref.to_string(),
+            resourceclaimref: resourceclaimref.to_string(),
+        }
+    }
+
+    pub fn claim(&self) -> Option<Claim> {
+        claim_of(&self.ipamclaimref, &self.resourceclaimref)
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        json!({"containerid": self.containerid, "podref": self.podref, "ifname": self.ifname}).to_string().into_bytes()
+        // Field order as whereabouts' IPPool entries; claim fields only when set.
+        serde_json::to_vec(self).unwrap_or_default()
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
         serde_json::from_slice(bytes).map_err(|e| format!("not a reservation value: {e}"))
     }
 
-    /// Whether it reserves the address for `holder`'s attachment (see
-    /// [`same_attachment`]; thereabouts always writes the interface here).
+    /// Whether it reserves the address for `holder`'s attachment or claim
+    /// (see [`owns`]; thereabouts always writes the interface here).
     pub fn is_for(&self, holder: &Allocation) -> bool {
         let recorded = Holder { container_id: &self.containerid, pod_ref: &self.podref, ifname: &self.ifname };
-        same_attachment(recorded, holder.holder(), Ifname::Required)
+        owns(recorded, self.claim().as_ref(), holder.holder(), holder.claim.as_ref())
     }
 }
 
@@ -89,7 +107,7 @@ mod tests {
     use super::*;
 
     fn alloc(offset: u128, cid: &str) -> Allocation {
-        Allocation { offset, container_id: cid.into(), pod_ref: "default/pod".into(), ifname: "eth0".into() }
+        Allocation { offset, container_id: cid.into(), pod_ref: "default/pod".into(), ifname: "eth0".into(), claim: None }
     }
 
     #[test]
@@ -118,5 +136,15 @@ mod tests {
         let no_pod = ReservationValue { podref: String::new(), ..r.clone() };
         assert!(no_pod.is_for(&Allocation { pod_ref: String::new(), ..alloc(1, "c1") }));
         assert!(!no_pod.is_for(&Allocation { pod_ref: String::new(), ..alloc(1, "c2") }));
+    }
+
+    #[test]
+    fn a_claims_reservation_is_for_whoever_holds_the_claim() {
+        let vm = Some(Claim::IpamClaim("default/vm".into()));
+        let r = ReservationValue::of(&Allocation { claim: vm.clone(), ..alloc(1, "c1") });
+        assert_eq!(String::from_utf8(r.encode()).unwrap(), r#"{"containerid":"c1","podref":"default/pod","ifname":"eth0","ipamclaimref":"default/vm"}"#);
+        assert_eq!(ReservationValue::decode(&r.encode()).unwrap(), r);
+        assert!(r.is_for(&Allocation { pod_ref: "default/launcher-2".into(), claim: vm, ..alloc(1, "c9") }));
+        assert!(!r.is_for(&alloc(1, "c1")), "the same pod without the claim");
     }
 }

@@ -114,7 +114,7 @@ pub fn build(layout: &Layout, updates: &[PoolUpdate], reads: &Reads) -> Result<C
         let pool_changed = update.changes.iter().any(Change::touches_entries);
         for change in &update.changes {
             match change {
-                Change::Insert(_) | Change::Remove { .. } | Change::SetContainerId { .. } | Change::Keep { .. } => {}
+                Change::Insert(_) | Change::Remove { .. } | Change::SetContainerId { .. } | Change::TakeOver { .. } | Change::Keep { .. } => {}
                 Change::Reserve { name: reservation, holder } => {
                     let key = layout.reservation_key(reservation);
                     let put = Write::Put { key: key.clone(), value: ReservationValue::of(holder).encode() };
@@ -163,7 +163,7 @@ mod tests {
     use crate::datastore::{PoolId, Version};
 
     fn alloc(offset: u128, cid: &str, pod: &str) -> Allocation {
-        Allocation { offset, container_id: cid.into(), pod_ref: format!("default/{pod}"), ifname: "eth0".into() }
+        Allocation { offset, container_id: cid.into(), pod_ref: format!("default/{pod}"), ifname: "eth0".into(), claim: None }
     }
 
     fn pool(name: &str, cidr: &str) -> PoolId {

@@ -12,10 +12,10 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
-use thereabouts_allocator::attachment::{Holder, Ifname, same_attachment};
-use thereabouts_allocator::model::Allocation;
+use thereabouts_allocator::attachment::{Holder, Ifname, owns_record};
+use thereabouts_allocator::model::{Allocation, Claim};
 
-use crate::datastore::pool_document::entry_value;
+use crate::datastore::pool_document::{claim_fields, claim_of, entry_value};
 
 pub const GROUP: &str = "whereabouts.cni.cncf.io";
 pub const VERSION: &str = "v1alpha1";
@@ -124,8 +124,21 @@ pub fn new_reservation(name: &str, namespace: &str, holder: &Allocation) -> Valu
             "namespace": namespace,
             "labels": {ATTACHMENT_LABEL: attachment_label(&holder.container_id, &holder.ifname)},
         },
-        "spec": {"containerid": holder.container_id, "podref": holder.pod_ref, "ifname": holder.ifname},
+        "spec": reservation_spec(holder),
     })
+}
+
+/// An `OverlappingRangeIPReservation`'s spec for `holder`, with its claim
+/// (the fields of `pool_document::claim_fields`) when one owns it.
+fn reservation_spec(holder: &Allocation) -> Value {
+    let mut spec = json!({"containerid": holder.container_id, "podref": holder.pod_ref, "ifname": holder.ifname});
+    let (ipamclaimref, resourceclaimref) = claim_fields(holder.claim.as_ref());
+    for (field, value) in [("ipamclaimref", ipamclaimref), ("resourceclaimref", resourceclaimref)] {
+        if !value.is_empty() {
+            spec[field] = json!(value);
+        }
+    }
+    spec
 }
 
 /// What a pool object holds, as far as allocation is concerned.
@@ -182,7 +195,8 @@ pub fn parse_pool(object: &Value) -> Result<PoolObject, String> {
                     continue;
                 }
                 let field = |name: &str| entry.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
-                pool.entries.push(Allocation { offset, container_id: field("id"), pod_ref: field("podref"), ifname: field("ifname") });
+                let claim = claim_of(&field("ipamclaimref"), &field("resourceclaimref"));
+                pool.entries.push(Allocation { offset, container_id: field("id"), pod_ref: field("podref"), ifname: field("ifname"), claim });
                 pool.keys.insert(offset, key.clone());
                 pool.ids.insert(offset, entry.get("id").cloned().unwrap_or(Value::Null));
             }
@@ -204,6 +218,7 @@ pub struct ReservationObject {
     pub podref: String,
     pub ifname: String,
     pub containerid: String,
+    pub claim: Option<Claim>,
 }
 
 pub fn parse_reservation(object: &Value) -> ReservationObject {
@@ -215,15 +230,16 @@ pub fn parse_reservation(object: &Value) -> ReservationObject {
         podref: text("/spec/podref"),
         ifname: text("/spec/ifname"),
         containerid: text("/spec/containerid"),
+        claim: claim_of(&text("/spec/ipamclaimref"), &text("/spec/resourceclaimref")),
     }
 }
 
 impl ReservationObject {
     /// Whether the reservation belongs to `holder`'s attachment (see
-    /// [`same_attachment`]); whereabouts before v0.8.0 wrote no interface.
+    /// [`owns_record`]: the same pod attachment, or the same claim); whereabouts before v0.8.0 wrote no interface.
     pub fn is_held_by(&self, holder: &Allocation) -> bool {
         let recorded = Holder { container_id: &self.containerid, pod_ref: &self.podref, ifname: &self.ifname };
-        same_attachment(recorded, holder.holder(), Ifname::MayBeMissing)
+        owns_record(recorded, self.claim.as_ref(), holder.holder(), holder.claim.as_ref(), Ifname::MayBeMissing)
     }
 
     /// Whether an ADD planning a fresh entry for `holder` may take this existing
@@ -249,7 +265,7 @@ mod tests {
     use super::*;
 
     fn alloc(offset: u128, id: &str, pod: &str, ifname: &str) -> Allocation {
-        Allocation { offset, container_id: id.into(), pod_ref: pod.into(), ifname: ifname.into() }
+        Allocation { offset, container_id: id.into(), pod_ref: pod.into(), ifname: ifname.into(), claim: None }
     }
 
     #[test]

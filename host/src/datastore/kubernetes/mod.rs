@@ -20,6 +20,7 @@ mod connection;
 pub mod crd;
 pub mod failure;
 mod held_memory;
+pub mod ipam_claims;
 pub mod kubeconfig;
 #[cfg(test)]
 pub mod mock_api;

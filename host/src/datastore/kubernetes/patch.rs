@@ -80,6 +80,14 @@ pub fn update(pool: &PoolObject, changes: &[Change], fail_fast: bool) -> Result<
                 ops.push(id_test(offset, &key));
                 ops.push(json!({"op": "replace", "path": format!("{ALLOCATIONS}/{}/id", pointer_token(&key)), "value": container_id}));
             }
+            Change::TakeOver { offset, holder, .. } => {
+                let key = key(offset)?;
+                ops.push(id_test(offset, &key));
+                // `add` replaces a member or adds one whereabouts left out (`ifname`).
+                for (field, value) in [("id", &holder.container_id), ("podref", &holder.pod_ref), ("ifname", &holder.ifname)] {
+                    ops.push(json!({"op": "add", "path": format!("{ALLOCATIONS}/{}/{field}", pointer_token(&key)), "value": value}));
+                }
+            }
             Change::Keep { offset, container_id } => {
                 let key = key(offset)?;
                 ops.push(json!({"op": "test", "path": format!("{ALLOCATIONS}/{}/id", pointer_token(&key)), "value": container_id}));
@@ -121,7 +129,7 @@ mod tests {
     use super::*;
 
     fn alloc(offset: u128, id: &str) -> Allocation {
-        Allocation { offset, container_id: id.into(), pod_ref: "ns/pod".into(), ifname: "eth0".into() }
+        Allocation { offset, container_id: id.into(), pod_ref: "ns/pod".into(), ifname: "eth0".into(), claim: None }
     }
 
     fn pool(keys: &[(u128, &str)]) -> PoolObject {
@@ -209,6 +217,23 @@ mod tests {
                 {"op": "replace", "path": "/spec/allocations/6/id", "value": "new"},
                 {"op": "test", "path": "/spec/allocations/7/id", "value": null},
                 {"op": "remove", "path": "/spec/allocations/7"}
+            ])
+        );
+    }
+
+    #[test]
+    fn a_take_over_tests_the_id_read_and_rewrites_the_holder() {
+        let mut read = pool(&[(5, "5")]);
+        read.ids.insert(5, json!("id-5"));
+        let holder = Allocation { claim: Some(thereabouts_allocator::model::Claim::IpamClaim("ns/vm".into())), ..alloc(5, "new") };
+        let patch = update(&read, &[Change::TakeOver { offset: 5, from: "id-5".into(), holder }], false).unwrap();
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/spec/allocations/5/id", "value": "id-5"},
+                {"op": "add", "path": "/spec/allocations/5/id", "value": "new"},
+                {"op": "add", "path": "/spec/allocations/5/podref", "value": "ns/pod"},
+                {"op": "add", "path": "/spec/allocations/5/ifname", "value": "eth0"}
             ])
         );
     }

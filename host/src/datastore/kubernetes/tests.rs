@@ -18,7 +18,7 @@ fn pool(cidr: &str) -> PoolId {
 }
 
 fn alloc(offset: u128, cid: &str, pod: &str) -> Allocation {
-    Allocation { offset, container_id: cid.into(), pod_ref: format!("default/{pod}"), ifname: "eth0".into() }
+    Allocation { offset, container_id: cid.into(), pod_ref: format!("default/{pod}"), ifname: "eth0".into(), claim: None }
 }
 
 fn entry(cid: &str, pod: &str) -> Value {

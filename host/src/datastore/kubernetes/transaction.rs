@@ -260,6 +260,12 @@ impl Transaction for KubeTransaction<'_> {
             if !r.is_made_by(&releasing.container_id, &releasing.ifname) {
                 continue;
             }
+            // A claim's: its address outlives this attachment (a VM's next
+            // launcher pod holds it now); the claim's end frees it.
+            if r.claim.is_some() {
+                logging::debug(format!("reservation {name}: made by this attachment for a claim; kept"));
+                continue;
+            }
             // Made by this container, but its entry now names a newer container
             // of the pod, which still relies on it (the label is never updated).
             if in_use.contains(name) {
@@ -472,7 +478,7 @@ impl KubeTransaction<'_> {
     /// being committed.
     fn holder_identity(&self, updates: &[PoolUpdate]) -> String {
         let committing = updates.iter().flat_map(|u| &u.changes).find_map(|c| match c {
-            Change::Insert(a) | Change::Reserve { holder: a, .. } | Change::Unreserve { holder: a, .. } => Some(a),
+            Change::Insert(a) | Change::TakeOver { holder: a, .. } | Change::Reserve { holder: a, .. } | Change::Unreserve { holder: a, .. } => Some(a),
             Change::Remove { .. } | Change::SetContainerId { .. } | Change::Keep { .. } => None,
         });
         match (committing, &self.releasing) {

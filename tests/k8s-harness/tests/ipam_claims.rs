@@ -1,0 +1,99 @@
+//! Persistent IPs for VMs (IPAMClaim, `allowPersistentIPs`), through the CNI
+//! protocol against the real apiserver, with the pods' network-selection
+//! annotations as KubeVirt's ipam-extensions writes them and the plugin's own
+//! identity (`deploy/rbac-persistent-ips.yaml` applied): a VM's launcher pods
+//! come and go, a live migration runs two at once, and the addresses stay the
+//! claim's until the claim is deleted and the controller frees them.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, thereabouts_bin};
+use thereabouts_k8s_harness::controller::{self, Controller, Settings};
+use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
+use thereabouts_k8s_harness::{Cluster, block_on, deploy_dir, pods, wait_until};
+
+const NS: &str = "vms";
+const CLAIMS: &str = "k8s.cni.cncf.io/v1alpha1";
+const POOL: &str = "192.0.2.0-24";
+
+fn call(command: &str, conf: &Value, pod: &str, container: &str) -> Outcome {
+    let mut call = Call::pod(command, container, pod);
+    call.ifname = "net1".into();
+    call.cni_args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={NS};K8S_POD_NAME={pod}");
+    Invocation::new(call, conf.to_string()).run(&thereabouts_bin())
+}
+
+fn add(conf: &Value, pod: &str, container: &str) -> Vec<String> {
+    let out = call("ADD", conf, pod, container);
+    out.expect_ok(&format!("ADD {pod}"));
+    out.ips()
+}
+
+fn claim(objects: &Objects, name: &str) -> Value {
+    objects.list_at(CLAIMS, "ipamclaims").unwrap().remove(name).unwrap_or_default()
+}
+
+/// A launcher pod whose network-selection element names `vm`'s claim, as
+/// ipam-extensions mutates it (Multus passes none of it to the plugin).
+async fn launcher(cluster: &Cluster, pod: &str, vm: &str) -> anyhow::Result<()> {
+    pods::create_labelled(cluster, NS, pod, &[]).await?;
+    let networks = json!([{"name": "blue", "namespace": NS, "ipam-claim-reference": format!("{vm}.blue")}]).to_string();
+    pods::annotate(cluster, NS, pod, &[("k8s.v1.cni.cncf.io/networks", &networks)]).await
+}
+
+#[test]
+fn a_vm_keeps_its_addresses_across_launcher_pods_until_its_claim_is_deleted() {
+    let cluster = Cluster::prepared().unwrap();
+    let controller_kubeconfig = block_on(async {
+        pods::namespace(&cluster, NS).await?;
+        cluster.apply_path(&deploy_dir().join("rbac-persistent-ips.yaml")).await?;
+        cluster.wait_plugin_allowed("patch", "k8s.cni.cncf.io", "ipamclaims/status", NS).await?;
+        for pod in ["launcher-a-1", "launcher-a-2", "launcher-a-3"] {
+            launcher(&cluster, pod, "vm-a").await?;
+        }
+        pods::create_labelled(&cluster, NS, "plain", &[]).await?;
+        controller::install(&cluster).await
+    })
+    .unwrap();
+    let objects = Objects::admin_in(&cluster, NS).unwrap();
+    let object = json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": "vm-a.blue"}, "spec": {"network": "blue", "interface": ""}});
+    objects.create_at(CLAIMS, "ipamclaims", &object).unwrap();
+    let mut conf = kubernetes_conf("blue", &cluster.plugin_kubeconfig(), None, &["192.0.2.0/24", "2001:db8::/64"]);
+    conf["allowPersistentIPs"] = json!(true);
+    let pools = Objects::admin(&cluster).unwrap();
+
+    let first = add(&conf, "launcher-a-1", "c1");
+    assert_eq!(first, ["192.0.2.1/24", "2001:db8::1/64"]);
+    let status = &claim(&objects, "vm-a.blue")["status"];
+    assert_eq!((&status["ips"], &status["ownerPod"]["name"]), (&json!(first), &json!("launcher-a-1")));
+    assert_eq!(status["conditions"][0]["status"], "True");
+    assert_eq!(pools.allocations(POOL).unwrap()["1"]["ipamclaimref"], "vms/vm-a.blue", "stored as whereabouts PR #742 stores it");
+    assert_eq!(add(&conf, "plain", "c-plain"), ["192.0.2.2/24", "2001:db8::2/64"], "a pod without a claim never gets the claim's");
+
+    // Live migration: the target starts while the source still runs.
+    assert_eq!(add(&conf, "launcher-a-2", "c2"), first);
+    assert_eq!(claim(&objects, "vm-a.blue")["status"]["ownerPod"]["name"], "launcher-a-2");
+    call("DEL", &conf, "launcher-a-1", "c1").expect_ok("the source's DEL");
+    // The VM stops: its launcher's DEL keeps the claim's addresses.
+    call("DEL", &conf, "launcher-a-2", "c2").expect_ok("the target's DEL");
+    assert_eq!(pools.allocations(POOL).unwrap()["1"]["podref"], "vms/launcher-a-2");
+    assert_eq!(add(&conf, "launcher-a-3", "c3"), first, "restarted, on a new pod");
+
+    // A claim of another namespace is refused, and nothing is written.
+    let mut foreign = conf.clone();
+    foreign["args"] = json!({"cni": {"ipam-claim-reference": "default/vm-b.blue"}});
+    let before = pools.allocations(POOL).unwrap();
+    let refused = call("ADD", &foreign, "plain", "c-foreign").expect_cni_error("a claim of another namespace");
+    assert_eq!((refused["code"].as_u64(), refused["details"].as_str()), (Some(7), Some("field: ipam-claim-reference")));
+    assert_eq!(pools.allocations(POOL).unwrap(), before);
+
+    // The claim is deleted: the controller (which watches claims) frees its addresses.
+    let work = TempDir::new("ipam-claims");
+    let _controller = Controller::run(&thereabouts_bin(), &controller_kubeconfig, &Settings::default(), &work.path().join("controller.log")).unwrap();
+    objects.delete_at(CLAIMS, "ipamclaims", "vm-a.blue").unwrap();
+    wait_until("the deleted claim's address is freed", Duration::from_secs(30), Duration::from_millis(200), || {
+        !pools.allocations(POOL).unwrap().contains_key("1")
+    });
+    assert!(pools.allocations(POOL).unwrap().contains_key("2"), "the plain pod's address stays");
+}
