@@ -10,8 +10,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, thereabouts_bin};
 use thereabouts_k8s_harness::controller::{self, Controller, Settings};
+use thereabouts_k8s_harness::etcd::{Etcd, etcd_conf};
 use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
-use thereabouts_k8s_harness::{Cluster, block_on, deploy_dir, pods, wait_until};
+use thereabouts_k8s_harness::{Cluster, block_on, deploy_dir, peers, pods, wait_until};
 
 const NS: &str = "vms";
 const CLAIMS: &str = "k8s.cni.cncf.io/v1alpha1";
@@ -96,4 +97,79 @@ fn a_vm_keeps_its_addresses_across_launcher_pods_until_its_claim_is_deleted() {
         !pools.allocations(POOL).unwrap().contains_key("1")
     });
     assert!(pools.allocations(POOL).unwrap().contains_key("2"), "the plain pod's address stays");
+}
+
+/// The same claim rules on the file and etcd datastores: the pools are theirs,
+/// the claims are the cluster's (the config's `kubernetes.kubeconfig`).
+#[test]
+fn the_file_and_etcd_datastores_keep_a_claims_addresses_the_same_way() {
+    let cluster = Cluster::prepared().unwrap();
+    block_on(async {
+        pods::namespace(&cluster, NS).await?;
+        cluster.apply_path(&deploy_dir().join("rbac-persistent-ips.yaml")).await?;
+        cluster.wait_plugin_allowed("patch", "k8s.cni.cncf.io", "ipamclaims/status", NS).await?;
+        for store in ["file", "etcd"] {
+            for n in 1..=3 {
+                launcher(&cluster, &format!("launcher-{store}-{n}"), &format!("vm-{store}")).await?;
+            }
+            pods::create_labelled(&cluster, NS, &format!("plain-{store}"), &[]).await?;
+        }
+        anyhow::Ok(())
+    })
+    .unwrap();
+    let objects = Objects::admin_in(&cluster, NS).unwrap();
+    let etcd = Etcd::start_plain().unwrap();
+    let data = TempDir::new("claims-file");
+    let file_conf = json!({"cniVersion": "1.1.0", "name": "blue", "type": "thab", "ipam": {
+        "type": "thereabouts", "datastore": "file", "data_dir": data.path(), "ipRanges": [{"range": "192.0.2.0/24"}]}});
+    for (store, mut conf) in [("file", file_conf), ("etcd", etcd_conf(etcd.access(), "blue", &["192.0.2.0/24"]))] {
+        conf["allowPersistentIPs"] = json!(true);
+        conf["ipam"]["kubernetes"] = json!({"kubeconfig": cluster.plugin_kubeconfig()});
+        let object =
+            json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": format!("vm-{store}.blue")}, "spec": {"network": "blue", "interface": ""}});
+        objects.create_at(CLAIMS, "ipamclaims", &object).unwrap();
+        let launcher = |n: u32| format!("launcher-{store}-{n}");
+
+        let first = add(&conf, &launcher(1), "c1");
+        assert_eq!(first, ["192.0.2.1/24"], "{store}");
+        assert_eq!(add(&conf, &launcher(2), "c2"), first, "{store}: live migration's target");
+        call("DEL", &conf, &launcher(1), "c1").expect_ok("the source's DEL");
+        call("DEL", &conf, &launcher(2), "c2").expect_ok("the target's DEL");
+        assert_eq!(add(&conf, &format!("plain-{store}"), "c-plain"), ["192.0.2.2/24"], "{store}: the claim's address is still taken");
+        assert_eq!(add(&conf, &launcher(3), "c3"), first, "{store}: restarted");
+        assert_eq!(claim(&objects, &format!("vm-{store}.blue"))["status"]["ownerPod"]["name"], json!(launcher(3)));
+    }
+}
+
+/// A mixed fleet on one pool (the migration window): whereabouts v0.9.4 reads
+/// a claim's entry as taken and never hands its address out.
+#[test]
+fn whereabouts_never_hands_out_a_claims_address() {
+    let wb = peers::whereabouts().expect("building whereabouts (tests/k8s-bins/build-peers.sh)");
+    let cluster = Cluster::prepared().unwrap();
+    let install = block_on(async {
+        let install = wb.install(&cluster).await?;
+        // thereabouts' CRDs over whereabouts': they declare the claim fields.
+        cluster.install_crds().await?;
+        pods::namespace(&cluster, NS).await?;
+        cluster.apply_path(&deploy_dir().join("rbac-persistent-ips.yaml")).await?;
+        cluster.wait_plugin_allowed("patch", "k8s.cni.cncf.io", "ipamclaims/status", NS).await?;
+        launcher(&cluster, "launcher-a-1", "vm-a").await?;
+        anyhow::Ok(install)
+    })
+    .unwrap();
+    let objects = Objects::admin_in(&cluster, NS).unwrap();
+    let object = json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": "vm-a.blue"}, "spec": {"network": "blue", "interface": ""}});
+    objects.create_at(CLAIMS, "ipamclaims", &object).unwrap();
+    let mut conf = kubernetes_conf("blue", &cluster.plugin_kubeconfig(), Some("mixed"), &["192.0.2.0/28"]);
+    conf["allowPersistentIPs"] = json!(true);
+    assert_eq!(add(&conf, "launcher-a-1", "c1"), ["192.0.2.1/28"]);
+
+    let dir = TempDir::new("claims-wb");
+    let wb_conf = peers::whereabouts_conf(dir.path(), &install.kubeconfig, "mixed", &["192.0.2.0/28"]).unwrap().to_string();
+    let outcome = Call::pod("ADD", "ctr-wb", "wb-pod").run(&wb.plugin, &wb_conf);
+    outcome.expect_ok("whereabouts ADD");
+    assert_eq!(outcome.ips(), ["192.0.2.2/28"]);
+    let pools = Objects::admin(&cluster).unwrap();
+    assert_eq!(pools.allocations("mixed-192.0.2.0-28").unwrap()["1"]["ipamclaimref"], "vms/vm-a.blue", "after whereabouts wrote the pool");
 }
