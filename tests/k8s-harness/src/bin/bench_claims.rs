@@ -67,7 +67,8 @@ fn main() -> Result<()> {
     })?;
     let objects = Objects::admin_in(&cluster, NS)?;
     for i in 0..pods {
-        let claim = json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": format!("vm-{i}.blue")}, "spec": {"network": "blue", "interface": ""}});
+        let claim =
+            json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": format!("vm-{i}.blue")}, "spec": {"network": "blue", "interface": ""}});
         objects.create_at(CLAIMS, "ipamclaims", &claim)?;
     }
     let plain = kubernetes_conf("plain", &cluster.plugin_kubeconfig(), Some("plain"), &RANGES).to_string();
@@ -86,7 +87,9 @@ fn main() -> Result<()> {
     println!("| ADD | p50 | p90 | p99 | p50 against plain |");
     println!("|---|---|---|---|---|");
     let base = percentile(&plain_adds, 50.0);
-    for (kind, times) in [("plain (no allowPersistentIPs)", &plain_adds), ("a new claim", &new_claims), ("a claim whose status.ips is set (another launcher pod)", &set_claims)] {
+    for (kind, times) in
+        [("plain (no allowPersistentIPs)", &plain_adds), ("a new claim", &new_claims), ("a claim whose status.ips is set (another launcher pod)", &set_claims)]
+    {
         let p50 = percentile(times, 50.0);
         println!(
             "| {kind} | {} | {} | {} | {:.2}x |",
