@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use thereabouts_allocator::attachment::Holder;
+use thereabouts_allocator::ip::Family;
 use thereabouts_allocator::model::{NormalizedConfig, NormalizedRange};
 
 use crate::component::{EngineComponent, EngineFailure};
@@ -281,6 +282,42 @@ impl Placement {
                 .collect();
             self.left_out[index] = full;
         }
+    }
+
+    /// An IPAMClaim keeps `addresses`: each sliced range with one of them
+    /// reads and writes only the pool of the slice that holds it, whichever
+    /// node holds the slice (a VM moved to another node keeps its address,
+    /// which stays in the first node's slice until the claim is deleted).
+    pub fn hold_claim(
+        &mut self,
+        engine: &mut EngineComponent,
+        store: &dyn Datastore,
+        config: &NormalizedConfig,
+        addresses: &[std::net::IpAddr],
+        deadline: Instant,
+    ) -> Result<(), IpamError> {
+        for (index, range) in config.ranges.iter().enumerate() {
+            let Some(slicing) = &range.node_slicing else { continue };
+            let Some(address) = addresses.iter().find(|ip| thereabouts_allocator::planner::offset_of(range, **ip).is_some()) else { continue };
+            let slices = engine.node_slices(range).map_err(EngineFailure)?.map_err(|e| IpamError::Unplaceable { message: e.message })?;
+            let holds = |slice: &&String| {
+                thereabouts_allocator::ip::parse_cidr(slice, true)
+                    .is_some_and(|c| c.contains(Family::of(*address), thereabouts_allocator::ip::to_u128(*address)))
+            };
+            let Some(slice) = slices.iter().find(holds) else { continue };
+            let Some(node) = store.slice_holder(&slicing.slice_pool, slice, deadline)? else {
+                return Err(IpamError::Unplaceable {
+                    message: format!("the claim's address {address} is in slice {slice} of {}, which no node holds", slicing.slice_pool),
+                });
+            };
+            let held = engine
+                .slice_of_range(range, &config.network_name, &node, slice)
+                .map_err(EngineFailure)?
+                .map_err(|e| IpamError::Unplaceable { message: e.message })?;
+            self.choices[index] = vec![held];
+            self.read_every(index);
+        }
+        Ok(())
     }
 
     /// Range `index`'s choices an ADD reads.

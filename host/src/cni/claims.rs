@@ -39,6 +39,11 @@ impl ClaimedAdd {
     pub fn claim(&self) -> Claim {
         Claim::IpamClaim(format!("{}/{}", self.namespace, self.name))
     }
+
+    /// The addresses its `status.ips` names (those that parse).
+    pub fn addresses(&self) -> Vec<std::net::IpAddr> {
+        self.state.ips.iter().filter_map(|t| t.split_once('/').map_or(t.as_str(), |(ip, _)| ip).parse().ok()).collect()
+    }
 }
 
 /// The claim reference of the pod's network-selection element for `ifname`.

@@ -180,7 +180,9 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     let with_claim_ips = claimed.as_ref().map(|c| claims::with_claim_ips(config, c)).transpose()?;
     let config = with_claim_ips.as_ref().unwrap_or(config);
     let owner = claimed.as_ref().map(claims::ClaimedAdd::claim);
-    let allocated = allocate_placed(engine, store, config, who, ipam::Wishes { guide: guide.as_ref(), preferred: &preferred, claim: owner.as_ref() }, deadline);
+    let kept = claimed.as_ref().map(claims::ClaimedAdd::addresses).unwrap_or_default();
+    let wishes = ipam::Wishes { guide: guide.as_ref(), preferred: &preferred, claim: owner.as_ref() };
+    let allocated = allocate_placed(engine, store, config, who, wishes, &kept, deadline);
     if let (Some(api), Some(c)) = (&claim_api, &claimed) {
         match &allocated {
             Ok(result) => claims::record(api, c, Ok(&result.ips.iter().map(|ip| ip.address.clone()).collect::<Vec<_>>()), deadline)?,
@@ -208,18 +210,23 @@ fn kubernetes_api(config: &NormalizedConfig) -> Result<datastore::kubernetes::Ku
 }
 
 /// Places and allocates: the node's slices (claiming another when they are
-/// full), then one address from each range.
+/// full; for addresses an IPAMClaim keeps, the slice that holds them), then
+/// one address from each range.
 fn allocate_placed(
     engine: &mut EngineComponent,
     store: &dyn Datastore,
     config: &NormalizedConfig,
     who: Attachment,
     wishes: ipam::Wishes,
+    kept: &[IpAddr],
     deadline: Instant,
 ) -> Result<IpamResult, CniError> {
     let mut placement = Placement::resolve(engine, store, config, Claims::Allowed, deadline)?;
     let asking = Holder { container_id: who.container_id, pod_ref: &config.pod_ref, ifname: who.ifname };
     placement.leave_out_full(config, asking, &|pools| store.pool_notes(pools));
+    if !kept.is_empty() && placement.is_sliced() {
+        placement.hold_claim(engine, store, config, kept, deadline)?;
+    }
     let assignments = loop {
         match ipam::allocate(engine, store, config, &placement, who, wishes, deadline) {
             // The pools it read are full, and it left out those its node

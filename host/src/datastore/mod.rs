@@ -356,6 +356,13 @@ pub trait Datastore {
         Err(no_node_slices(self))
     }
 
+    /// The node that holds `slice` of `slice_pool`, if one does: where an
+    /// address an IPAMClaim keeps lies when its VM moved to another node.
+    fn slice_holder(&self, slice_pool: &str, slice: &str, deadline: Instant) -> Result<Option<String>, DatastoreError> {
+        let _ = (slice_pool, slice, deadline);
+        Err(no_node_slices(self))
+    }
+
     /// A slice of `slice_pool` for `node` beyond the `known` ones it holds: one
     /// it holds already (another call of the node claimed it meanwhile), else
     /// a free slice that `candidates` accepts, given by compare-and-swap (two

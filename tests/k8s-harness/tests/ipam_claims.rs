@@ -173,3 +173,54 @@ fn whereabouts_never_hands_out_a_claims_address() {
     let pools = Objects::admin(&cluster).unwrap();
     assert_eq!(pools.allocations("mixed-192.0.2.0-28").unwrap()["1"]["ipamclaimref"], "vms/vm-a.blue", "after whereabouts wrote the pool");
 }
+
+/// With node slices: a VM moved to another node keeps its address, which
+/// stays in the first node's slice.
+#[test]
+fn with_node_slices_a_vm_on_another_node_keeps_its_address() {
+    let cluster = Cluster::prepared().unwrap();
+    let kubeconfig = block_on(async {
+        pods::namespace(&cluster, NS).await?;
+        cluster.apply_path(&deploy_dir().join("rbac-persistent-ips.yaml")).await?;
+        cluster.wait_plugin_allowed("patch", "k8s.cni.cncf.io", "ipamclaims/status", NS).await?;
+        for n in 1..=3 {
+            launcher(&cluster, &format!("launcher-a-{n}"), "vm-a").await?;
+        }
+        let kubeconfig = controller::install(&cluster).await?;
+        for node in ["node-a", "node-b"] {
+            controller::add_node(&cluster, node).await?;
+        }
+        anyhow::Ok(kubeconfig)
+    })
+    .unwrap();
+    let objects = Objects::admin_in(&cluster, NS).unwrap();
+    let object = json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": "vm-a.blue"}, "spec": {"network": "blue", "interface": ""}});
+    objects.create_at(CLAIMS, "ipamclaims", &object).unwrap();
+    let mut conf = kubernetes_conf("blue", &cluster.plugin_kubeconfig(), Some("blue"), &["192.0.2.0/24"]);
+    conf["allowPersistentIPs"] = json!(true);
+    conf["ipam"]["node_slice_size"] = json!("/28");
+    block_on(controller::create_nad(&cluster, "blue", &conf)).unwrap();
+    let work = TempDir::new("claims-slices");
+    let _controller = Controller::start(&thereabouts_bin(), &kubeconfig, 2, &work.path().join("controller.log")).unwrap();
+    let admin = Objects::admin(&cluster).unwrap();
+    wait_until("both nodes hold a slice", Duration::from_secs(30), Duration::from_millis(200), || {
+        controller::holders_of(&admin.get(controller::NODE_SLICE_POOLS, "blue").unwrap().unwrap_or(Value::Null)).len() == 2
+    });
+    let on = |command: &str, node: &str, pod: &str, container: &str| {
+        let mut call = Call::pod(command, container, pod);
+        call.ifname = "net1".into();
+        call.cni_args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={NS};K8S_POD_NAME={pod}");
+        Invocation::new(call, conf.to_string()).env("NODENAME", node).run(&thereabouts_bin())
+    };
+
+    let first = on("ADD", "node-a", "launcher-a-1", "c1");
+    first.expect_ok("ADD on node-a");
+    let target = on("ADD", "node-b", "launcher-a-2", "c2");
+    target.expect_ok("ADD on node-b, the migration's target");
+    assert_eq!(target.ips(), first.ips());
+    on("DEL", "node-a", "launcher-a-1", "c1").expect_ok("the source's DEL");
+    on("DEL", "node-b", "launcher-a-2", "c2").expect_ok("the target's DEL");
+    let restarted = on("ADD", "node-b", "launcher-a-3", "c3");
+    restarted.expect_ok("ADD on node-b after a stop");
+    assert_eq!(restarted.ips(), first.ips());
+}

@@ -395,6 +395,10 @@ impl Datastore for KubernetesStore {
         self.held_slices(slice_pool, node, fresh, every, candidates, deadline)
     }
 
+    fn slice_holder(&self, slice_pool: &str, slice: &str, deadline: Instant) -> Result<Option<String>, DatastoreError> {
+        self.holder_of_slice(slice_pool, slice, deadline)
+    }
+
     /// The notes its node-turn holders left beside their locks (`node_turn.rs`).
     fn pool_notes(&self, pools: &[PoolId]) -> Vec<Option<super::pool_note::PoolNote>> {
         node_turn::notes(&self.lock_scope(), pools)

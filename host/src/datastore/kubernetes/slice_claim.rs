@@ -96,6 +96,19 @@ impl KubernetesStore {
         Ok(None)
     }
 
+    /// The node holding `slice`: the NodeSlicePool's table, else (a layout
+    /// of slice objects) the slice's object; `None` when no node holds it.
+    pub(super) fn holder_of_slice(&self, slice_pool: &str, slice: &str, deadline: Instant) -> Result<Option<String>, DatastoreError> {
+        let table = self.slice_table(slice_pool, "", false, deadline)?;
+        if let Some((node, _)) = table.allocations.iter().find(|(node, s)| s == slice && !node.is_empty()) {
+            return Ok(Some(node.clone()));
+        }
+        if !table.shape.has_objects() {
+            return Ok(None);
+        }
+        Ok(self.slice_object(slice_pool, slice, deadline)?.map(|o| o.node).filter(|node| !node.is_empty()))
+    }
+
     /// The object of `slice` in layout `slice_pool`, from the watch cache; `None` when it has none.
     fn slice_object(&self, slice_pool: &str, slice: &str, deadline: Instant) -> Result<Option<SliceObject>, DatastoreError> {
         let name = slices::slice_object_name(slice_pool, slice);
