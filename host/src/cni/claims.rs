@@ -153,6 +153,26 @@ mod tests {
     }
 
     #[test]
+    fn an_add_reads_its_claim_then_writes_only_the_claims_status() {
+        use crate::datastore::kubernetes::mock_api::{Answer, store};
+        use serde_json::json;
+        let claim = json!({"metadata": {"name": "vm-a.blue"}, "status": {"ips": ["192.0.2.5/24"], "ownerPod": {"name": "launcher-1"}}});
+        let (store, log, _) = store("kube-system", vec![Answer::Ok(claim), Answer::Ok(json!({}))]);
+        let stdin = r#"{"cniVersion":"1.0.0","name":"blue","allowPersistentIPs":true,"ipam":{"type":"thereabouts","range":"192.0.2.0/24"}}"#;
+        let config = thereabouts_allocator::config::normalize(stdin, None, "K8S_POD_NAMESPACE=vms;K8S_POD_NAME=launcher-2").unwrap();
+        let annotations = [(NETWORKS_ANNOTATION.to_string(), r#"[{"name":"blue","ipam-claim-reference":"vm-a.blue"}]"#.to_string())];
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+
+        let claimed = read(&store, &config, "net1", &annotations, deadline).unwrap().unwrap();
+        assert_eq!(claimed.addresses(), ["192.0.2.5".parse::<std::net::IpAddr>().unwrap()]);
+        record(&store, &claimed, Ok(&["192.0.2.5/24".to_string()]), deadline).unwrap();
+        let claim_path = "/apis/k8s.cni.cncf.io/v1alpha1/namespaces/vms/ipamclaims/vm-a.blue";
+        assert_eq!(log.lines(), [format!("GET {claim_path}"), format!("PATCH {claim_path}/status")]);
+        let status = &log.body(1)["status"];
+        assert_eq!((status.get("ips"), &status["ownerPod"]), (None, &json!({"name": "launcher-2"})), "its addresses were set: kept as they are");
+    }
+
+    #[test]
     fn a_claim_in_another_namespace_is_refused() {
         assert_eq!(claim_name("c", "ns").unwrap(), ("ns".to_string(), "c".to_string()));
         assert_eq!(claim_name("ns/c", "ns").unwrap(), ("ns".to_string(), "c".to_string()));
