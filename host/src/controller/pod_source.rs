@@ -57,8 +57,8 @@ impl PodsAt {
     }
 
     /// Reads which IPAMClaims exist, so that the entries of a deleted one
-    /// are freed. Where the CRD is not installed, none is known and none is
-    /// freed.
+    /// are freed. Where the CRD is not installed (or the controller may not
+    /// list claims), none is known and none is freed.
     pub async fn read_ipam_claims(&mut self, api: &Api) -> Result<(), ApiError> {
         #[derive(Deserialize)]
         struct ClaimJson {
@@ -80,6 +80,11 @@ impl PodsAt {
         {
             Ok(()) => self.ipam_claims = Some(known),
             Err(e) if e.code() == Some(404) => self.ipam_claims = None,
+            // An older controller.yaml: the claims' entries wait, the rest of the pass goes on.
+            Err(e) if e.code() == Some(403) => {
+                crate::logging::error(format!("controller: may not list IPAMClaims ({e}); their addresses are kept until deploy/controller.yaml is applied"));
+                self.ipam_claims = None;
+            }
             Err(e) => return Err(e),
         }
         Ok(())

@@ -147,6 +147,32 @@ async fn a_delete_pass_reads_every_reservation_when_one_of_its_entries_has_no_la
     assert_eq!(log.lines()[4..], [POOL_BY_NAME, &labelled(), ORIPS, "GET /api/v1/namespaces/default/pods/gone"]);
 }
 
+/// A pool holding one address of the IPAMClaim `default/vm.blue`, whose launcher pod is gone.
+fn claim_pool() -> Answer {
+    list(vec![json!({"metadata": {"name": "blue-192.0.2.0-24", "resourceVersion": "7"}, "spec": {"range": "192.0.2.0/24", "allocations": {
+        "1": {"id": "c-gone", "podref": "default/gone", "ifname": "net1", "ipamclaimref": "default/vm.blue"}}}})])
+}
+
+const CLAIMS: &str = "GET /apis/k8s.cni.cncf.io/v1alpha1/ipamclaims?limit=500";
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_claims_address_is_freed_when_the_claim_is_gone_not_when_its_pod_is() {
+    let claim = json!({"metadata": {"namespace": "default", "name": "vm.blue"}});
+    let (reconciler, log) = unguarded_reconciler(vec![claim_pool(), list(vec![]), list(vec![]), list(vec![]), list(vec![claim])]);
+    assert_eq!(reconciler.pass(&Scope::Full, true).await.unwrap().entries.len(), 0);
+    assert_eq!(log.lines(), [POOLS, ORIPS, PODS, NODES, CLAIMS]);
+    let (reconciler, _) = unguarded_reconciler(vec![claim_pool(), list(vec![]), list(vec![]), list(vec![]), list(vec![])]);
+    let report = reconciler.pass(&Scope::Full, true).await.unwrap();
+    assert_eq!(report.entries.iter().map(|(_, why)| *why).collect::<Vec<_>>(), [super::verdict::Reason::ClaimGone]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_controller_that_may_not_list_claims_keeps_their_addresses_and_ends_its_pass() {
+    let forbidden = Answer::Status(403, "ipamclaims is forbidden", Value::Null);
+    let (reconciler, _) = unguarded_reconciler(vec![claim_pool(), list(vec![]), list(vec![]), list(vec![]), forbidden]);
+    assert_eq!(reconciler.pass(&Scope::Full, true).await.unwrap().entries.len(), 0);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn an_entry_taken_over_meanwhile_keeps_its_reservation_and_gets_no_event() {
     let mut script = reads();
