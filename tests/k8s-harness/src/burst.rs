@@ -46,6 +46,11 @@ impl Network {
         pods.iter().map(|(cid, pod)| self.invocation(command, cid, pod, budget)).collect()
     }
 
+    /// The debug log of one call (empty when it wrote none), for a failure's message.
+    pub fn log_text(&self, command: &str, cid: &str) -> String {
+        std::fs::read_to_string(self.log(command, cid)).unwrap_or_default()
+    }
+
     /// What the logs of these calls of `command` count, summed.
     pub fn log_stats(&self, command: &str, outcomes: &[Outcome]) -> LogStats {
         let mut total = LogStats::default();
