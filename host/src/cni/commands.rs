@@ -17,7 +17,7 @@ use super::error::{CniError, code};
 use super::result::{IpConfig, IpamResult};
 use crate::component::{EngineComponent, EngineFailure};
 use crate::datastore::kubernetes::PodMetadata;
-use crate::datastore::{self, Datastore, retry};
+use crate::datastore::{self, Datastore, DatastoreError, retry};
 use crate::ipam::{self, Attachment};
 use crate::json::pretty;
 use crate::logging;
@@ -127,9 +127,12 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     let policies_read_pod = policies.is_some() && (needs.labels || needs.annotations);
     // A claim named in stdin needs no pod read; one in the pod's networks does.
     let claim_in_pod = config.allow_persistent_ips && config.ipam_claim_reference.is_none();
+    let reads_pod = policies_read_pod || config.preferred_ip_annotation || claim_in_pod;
+    // Opened once for the pod and the claim; `None`: the config names no kubeconfig.
+    let api = (reads_pod || config.allow_persistent_ips).then(|| kubernetes_api(config)).flatten();
     // One GET of the pod, only when a policy, `preferred_ip_annotation` or a claim asks.
-    let pod = if policies_read_pod || config.preferred_ip_annotation || claim_in_pod {
-        match pod_metadata(config, namespace, name, deadline) {
+    let pod = if reads_pod {
+        match pod_metadata(api.as_ref(), config, namespace, name, deadline) {
             Ok(pod) => pod,
             Err(stop) => {
                 match &mut policies {
@@ -172,7 +175,17 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
         }
         _ => None,
     };
-    let claim_api = if config.allow_persistent_ips { Some(kubernetes_api(config)?) } else { None };
+    let claim_api = match api {
+        _ if !config.allow_persistent_ips => None,
+        Some(opened) => Some(opened?),
+        None => {
+            return Err(CniError::new(
+                code::INVALID_CONFIG,
+                "allowPersistentIPs needs the Kubernetes API to read IPAMClaims, and the config names no kubeconfig",
+            )
+            .with_details("field: kubernetes.kubeconfig"));
+        }
+    };
     let claimed = match &claim_api {
         Some(api) => claims::read(api, config, who.ifname, &pod.annotations, deadline)?,
         None => None,
@@ -200,13 +213,11 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
 }
 
 /// The Kubernetes API of the config's kubeconfig (its datastore's, or
-/// `kubernetes.kubeconfig`), for what an ADD reads besides pools.
-fn kubernetes_api(config: &NormalizedConfig) -> Result<datastore::kubernetes::KubernetesStore, CniError> {
-    let Some(kubeconfig) = config.datastore.kubeconfig.as_deref() else {
-        return Err(CniError::new(code::INVALID_CONFIG, "allowPersistentIPs needs the Kubernetes API to read IPAMClaims, and the config names no kubeconfig")
-            .with_details("field: kubernetes.kubeconfig"));
-    };
-    Ok(datastore::kubernetes::KubernetesStore::open(std::path::Path::new(kubeconfig))?)
+/// `kubernetes.kubeconfig`), for what an ADD reads besides pools; `None`
+/// when the config names none.
+fn kubernetes_api(config: &NormalizedConfig) -> Option<Result<datastore::kubernetes::KubernetesStore, DatastoreError>> {
+    let kubeconfig = config.datastore.kubeconfig.as_deref()?;
+    Some(datastore::kubernetes::KubernetesStore::open(std::path::Path::new(kubeconfig)))
 }
 
 /// Places and allocates: the node's slices (claiming another when they are
@@ -262,16 +273,22 @@ fn preferred_ips(annotations: &[(String, String)]) -> Vec<String> {
 }
 
 /// The Pod's labels and annotations for a policy that needs them: one GET
-/// with the kubeconfig of the config (its datastore's, or `kubernetes.kubeconfig`).
-fn pod_metadata(config: &NormalizedConfig, namespace: &str, name: &str, deadline: Instant) -> Result<PodMetadata, PolicyStop> {
+/// with `api` ([`kubernetes_api`]).
+fn pod_metadata(
+    api: Option<&Result<datastore::kubernetes::KubernetesStore, DatastoreError>>,
+    config: &NormalizedConfig,
+    namespace: &str,
+    name: &str,
+    deadline: Instant,
+) -> Result<PodMetadata, PolicyStop> {
     let unreadable = |detail: String| PolicyStop::PodUnreadable { pod: config.pod_ref.clone(), detail };
     if name.is_empty() {
         return Err(unreadable("CNI_ARGS name no pod (K8S_POD_NAMESPACE, K8S_POD_NAME)".into()));
     }
-    let Some(kubeconfig) = config.datastore.kubeconfig.as_deref() else {
+    let Some(opened) = api else {
         return Err(unreadable("a policy needs its labels or annotations, and the config names no kubeconfig (`kubernetes.kubeconfig`)".into()));
     };
-    let store = datastore::kubernetes::KubernetesStore::open(std::path::Path::new(kubeconfig)).map_err(|e| unreadable(e.to_string()))?;
+    let store = opened.as_ref().map_err(|e| unreadable(e.to_string()))?;
     store.pod_metadata(namespace, name, deadline).map_err(|e| unreadable(e.to_string()))
 }
 
