@@ -427,6 +427,14 @@ pub fn allocate(
     })
 }
 
+impl Attachment<'_> {
+    /// Whether `entry` is held by this attachment now (its container and
+    /// interface), whoever owns it.
+    fn holds(&self, entry: &Allocation) -> bool {
+        entry.container_id == self.container_id && entry.ifname == self.ifname
+    }
+}
+
 impl From<Attachment<'_>> for model::Attachment {
     fn from(who: Attachment) -> Self {
         model::Attachment { container_id: who.container_id.into(), ifname: who.ifname.into() }
@@ -509,10 +517,7 @@ pub fn release(
     let mut first_planned: Vec<(PoolId, Change)> = Vec::new();
     let mut found_first: Option<usize> = None;
     let removed = until_committed(tx.as_mut(), &pools, store.capabilities().conflict_pauses, deadline, "DEL", |loaded, _, queued| {
-        found_first.get_or_insert_with(|| {
-            let mine = |e: &&Allocation| e.container_id == who.container_id && e.ifname == who.ifname;
-            pools.iter().map(|pool| entries_of(loaded, &pool.name).iter().filter(mine).count()).sum()
-        });
+        found_first.get_or_insert_with(|| pools.iter().map(|pool| entries_of(loaded, &pool.name).iter().filter(|e| who.holds(e)).count()).sum());
         let mut changes = Changes::new();
         let mut removed = 0;
         in_use.clear();
@@ -590,8 +595,7 @@ pub fn find(
             // Entries inside this range only: two ranges may share a pool with
             // different range_start/range_end. A claim's entry is its holder's
             // too, though no DEL releases it.
-            let held = |e: &&Allocation| e.container_id == who.container_id && e.ifname == who.ifname;
-            if let Some(entry) = entries.iter().filter(held).find(|e| e.offset >= range.first_offset && e.offset <= range.last_offset) {
+            if let Some(entry) = entries.iter().find(|e| who.holds(e) && e.offset >= range.first_offset && e.offset <= range.last_offset) {
                 hit = Some((range.clone(), entry.clone()));
                 break;
             }
