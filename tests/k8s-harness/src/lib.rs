@@ -45,6 +45,7 @@ mod apply;
 pub mod bench;
 mod bins;
 pub mod burst;
+pub mod claims;
 pub mod controller;
 pub mod etcd;
 pub mod held;

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, Outcome, TempDir, thereabouts_bin};
+use thereabouts_k8s_harness::claims::{self, CLAIMS};
 use thereabouts_k8s_harness::controller::{self, Controller, Settings};
 use thereabouts_k8s_harness::etcd::{Etcd, etcd_conf};
 use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
-use thereabouts_k8s_harness::{Cluster, block_on, deploy_dir, peers, pods, wait_until};
+use thereabouts_k8s_harness::{Cluster, block_on, peers, pods, wait_until};
 
 const NS: &str = "vms";
-const CLAIMS: &str = "k8s.cni.cncf.io/v1alpha1";
 const POOL: &str = "192.0.2.0-24";
 
 fn call(command: &str, conf: &Value, pod: &str, container: &str) -> Outcome {
@@ -35,21 +35,15 @@ fn claim(objects: &Objects, name: &str) -> Value {
     objects.list_at(CLAIMS, "ipamclaims").unwrap().remove(name).unwrap_or_default()
 }
 
-/// A launcher pod whose network-selection element names `vm`'s claim, as
-/// ipam-extensions mutates it (Multus passes none of it to the plugin).
 async fn launcher(cluster: &Cluster, pod: &str, vm: &str) -> anyhow::Result<()> {
-    pods::create_labelled(cluster, NS, pod, &[]).await?;
-    let networks = json!([{"name": "blue", "namespace": NS, "ipam-claim-reference": format!("{vm}.blue")}]).to_string();
-    pods::annotate(cluster, NS, pod, &[("k8s.v1.cni.cncf.io/networks", &networks)]).await
+    claims::launcher(cluster, NS, pod, vm).await
 }
 
 #[test]
 fn a_vm_keeps_its_addresses_across_launcher_pods_until_its_claim_is_deleted() {
     let cluster = Cluster::prepared().unwrap();
     let controller_kubeconfig = block_on(async {
-        pods::namespace(&cluster, NS).await?;
-        cluster.apply_path(&deploy_dir().join("rbac-persistent-ips.yaml")).await?;
-        cluster.wait_plugin_allowed("patch", "k8s.cni.cncf.io", "ipamclaims/status", NS).await?;
+        claims::prepare(&cluster, NS).await?;
         for pod in ["launcher-a-1", "launcher-a-2", "launcher-a-3"] {
             launcher(&cluster, pod, "vm-a").await?;
         }
@@ -58,8 +52,7 @@ fn a_vm_keeps_its_addresses_across_launcher_pods_until_its_claim_is_deleted() {
     })
     .unwrap();
     let objects = Objects::admin_in(&cluster, NS).unwrap();
-    let object = json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": "vm-a.blue"}, "spec": {"network": "blue", "interface": ""}});
-    objects.create_at(CLAIMS, "ipamclaims", &object).unwrap();
+    claims::create(&objects, "vm-a.blue").unwrap();
     let mut conf = kubernetes_conf("blue", &cluster.plugin_kubeconfig(), None, &["192.0.2.0/24", "2001:db8::/64"]);
     conf["allowPersistentIPs"] = json!(true);
     let pools = Objects::admin(&cluster).unwrap();
@@ -105,9 +98,7 @@ fn a_vm_keeps_its_addresses_across_launcher_pods_until_its_claim_is_deleted() {
 fn the_file_and_etcd_datastores_keep_a_claims_addresses_the_same_way() {
     let cluster = Cluster::prepared().unwrap();
     block_on(async {
-        pods::namespace(&cluster, NS).await?;
-        cluster.apply_path(&deploy_dir().join("rbac-persistent-ips.yaml")).await?;
-        cluster.wait_plugin_allowed("patch", "k8s.cni.cncf.io", "ipamclaims/status", NS).await?;
+        claims::prepare(&cluster, NS).await?;
         for store in ["file", "etcd"] {
             for n in 1..=3 {
                 launcher(&cluster, &format!("launcher-{store}-{n}"), &format!("vm-{store}")).await?;
@@ -125,9 +116,7 @@ fn the_file_and_etcd_datastores_keep_a_claims_addresses_the_same_way() {
     for (store, mut conf) in [("file", file_conf), ("etcd", etcd_conf(etcd.access(), "blue", &["192.0.2.0/24"]))] {
         conf["allowPersistentIPs"] = json!(true);
         conf["ipam"]["kubernetes"] = json!({"kubeconfig": cluster.plugin_kubeconfig()});
-        let object =
-            json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": format!("vm-{store}.blue")}, "spec": {"network": "blue", "interface": ""}});
-        objects.create_at(CLAIMS, "ipamclaims", &object).unwrap();
+        claims::create(&objects, &format!("vm-{store}.blue")).unwrap();
         let launcher = |n: u32| format!("launcher-{store}-{n}");
 
         let first = add(&conf, &launcher(1), "c1");
@@ -151,16 +140,13 @@ fn whereabouts_never_hands_out_a_claims_address() {
         let install = wb.install(&cluster).await?;
         // thereabouts' CRDs over whereabouts': they declare the claim fields.
         cluster.install_crds().await?;
-        pods::namespace(&cluster, NS).await?;
-        cluster.apply_path(&deploy_dir().join("rbac-persistent-ips.yaml")).await?;
-        cluster.wait_plugin_allowed("patch", "k8s.cni.cncf.io", "ipamclaims/status", NS).await?;
+        claims::prepare(&cluster, NS).await?;
         launcher(&cluster, "launcher-a-1", "vm-a").await?;
         anyhow::Ok(install)
     })
     .unwrap();
     let objects = Objects::admin_in(&cluster, NS).unwrap();
-    let object = json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": "vm-a.blue"}, "spec": {"network": "blue", "interface": ""}});
-    objects.create_at(CLAIMS, "ipamclaims", &object).unwrap();
+    claims::create(&objects, "vm-a.blue").unwrap();
     let mut conf = kubernetes_conf("blue", &cluster.plugin_kubeconfig(), Some("mixed"), &["192.0.2.0/28"]);
     conf["allowPersistentIPs"] = json!(true);
     assert_eq!(add(&conf, "launcher-a-1", "c1"), ["192.0.2.1/28"]);
@@ -180,9 +166,7 @@ fn whereabouts_never_hands_out_a_claims_address() {
 fn with_node_slices_a_vm_on_another_node_keeps_its_address() {
     let cluster = Cluster::prepared().unwrap();
     let kubeconfig = block_on(async {
-        pods::namespace(&cluster, NS).await?;
-        cluster.apply_path(&deploy_dir().join("rbac-persistent-ips.yaml")).await?;
-        cluster.wait_plugin_allowed("patch", "k8s.cni.cncf.io", "ipamclaims/status", NS).await?;
+        claims::prepare(&cluster, NS).await?;
         for n in 1..=3 {
             launcher(&cluster, &format!("launcher-a-{n}"), "vm-a").await?;
         }
@@ -194,8 +178,7 @@ fn with_node_slices_a_vm_on_another_node_keeps_its_address() {
     })
     .unwrap();
     let objects = Objects::admin_in(&cluster, NS).unwrap();
-    let object = json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": "vm-a.blue"}, "spec": {"network": "blue", "interface": ""}});
-    objects.create_at(CLAIMS, "ipamclaims", &object).unwrap();
+    claims::create(&objects, "vm-a.blue").unwrap();
     let mut conf = kubernetes_conf("blue", &cluster.plugin_kubeconfig(), Some("blue"), &["192.0.2.0/24"]);
     conf["allowPersistentIPs"] = json!(true);
     conf["ipam"]["node_slice_size"] = json!("/28");

@@ -26,10 +26,9 @@ use serde_json::{Value, json};
 use thereabouts_e2e::{Call, Invocation, thereabouts_bin};
 use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
 use thereabouts_k8s_harness::report::{ms, percentile};
-use thereabouts_k8s_harness::{Cluster, block_on, deploy_dir, pods};
+use thereabouts_k8s_harness::{Cluster, block_on, claims, pods};
 
 const NS: &str = "vms";
-const CLAIMS: &str = "k8s.cni.cncf.io/v1alpha1";
 const RANGES: [&str; 2] = ["192.0.2.0/24", "2001:db8:90::/64"];
 
 fn add(conf: &str, pod: &str, container: &str) -> Result<Duration> {
@@ -51,25 +50,18 @@ fn main() -> Result<()> {
     };
     let cluster = Cluster::prepared()?;
     block_on(async {
-        pods::namespace(&cluster, NS).await?;
-        cluster.apply_path(&deploy_dir().join("rbac-persistent-ips.yaml")).await?;
-        cluster.wait_plugin_allowed("patch", "k8s.cni.cncf.io", "ipamclaims/status", NS).await?;
+        claims::prepare(&cluster, NS).await?;
         for i in 0..pods {
             pods::create_labelled(&cluster, NS, &format!("plain-{i}"), &[]).await?;
-            let networks = json!([{"name": "blue", "namespace": NS, "ipam-claim-reference": format!("vm-{i}.blue")}]).to_string();
             for launcher in ["a", "b"] {
-                let pod = format!("launcher-{i}-{launcher}");
-                pods::create_labelled(&cluster, NS, &pod, &[]).await?;
-                pods::annotate(&cluster, NS, &pod, &[("k8s.v1.cni.cncf.io/networks", &networks)]).await?;
+                claims::launcher(&cluster, NS, &format!("launcher-{i}-{launcher}"), &format!("vm-{i}")).await?;
             }
         }
         anyhow::Ok(())
     })?;
     let objects = Objects::admin_in(&cluster, NS)?;
     for i in 0..pods {
-        let claim =
-            json!({"apiVersion": CLAIMS, "kind": "IPAMClaim", "metadata": {"name": format!("vm-{i}.blue")}, "spec": {"network": "blue", "interface": ""}});
-        objects.create_at(CLAIMS, "ipamclaims", &claim)?;
+        claims::create(&objects, &format!("vm-{i}.blue"))?;
     }
     let plain = kubernetes_conf("plain", &cluster.plugin_kubeconfig(), Some("plain"), &RANGES).to_string();
     let mut claimed: Value = kubernetes_conf("blue", &cluster.plugin_kubeconfig(), Some("claims"), &RANGES);
