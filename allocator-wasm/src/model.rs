@@ -185,14 +185,14 @@ pub enum Claim {
     /// An `IPAMClaim` (`k8s.cni.cncf.io`), `namespace/name`: a VM's addresses,
     /// kept across its launcher pods until the claim is deleted.
     IpamClaim(String),
-    /// A DRA `ResourceClaim`, `namespace/name`: a network device's addresses
-    /// (one entry per device, told apart by the entry's `ifname`), kept until
-    /// the device is released or the claim is gone.
+    /// A DRA `ResourceClaim`, by UID: a network device's addresses (one
+    /// entry per device, told apart by the entry's `ifname`), kept until the
+    /// device is released or the claim is gone.
     ResourceClaim(String),
 }
 
 impl Claim {
-    /// The `namespace/name` it refers to.
+    /// What it refers to: `namespace/name` (IPAMClaim), the UID (ResourceClaim).
     pub fn reference(&self) -> &str {
         match self {
             Claim::IpamClaim(r) | Claim::ResourceClaim(r) => r,
@@ -375,6 +375,8 @@ impl PlanFailure {
 pub struct Attachment {
     pub container_id: String,
     pub ifname: String,
+    /// The ResourceClaim a device's release speaks for (see `attachment` in the WIT).
+    pub claim: Option<Claim>,
 }
 
 /// An entry `release` matched (see `released` in the WIT).

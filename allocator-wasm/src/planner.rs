@@ -19,7 +19,7 @@ use crate::error::ConfigError;
 use crate::guidance;
 use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, parse_ip_strict, to_u128};
 use crate::model::{
-    Allocation, Assignment, Attachment, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, PreviewFailure, PreviewTable,
+    Allocation, Assignment, Attachment, Claim, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, PreviewFailure, PreviewTable,
     RangeCandidates, RangePick, RangesAllocation, Released, Request, Reservations,
 };
 use crate::naming::reservation_name_of;
@@ -558,18 +558,30 @@ fn ranges_overlap(ranges: &[NormalizedRange]) -> bool {
 /// (a VM's launcher pod stops, the VM keeps its address).
 pub fn release(range: &NormalizedRange, network_name: &str, allocations: &[Allocation], attachments: &[Attachment]) -> Vec<Released> {
     // DEL and CHECK ask about one attachment, GC about every stale one: a set then.
+    // GC's many attachments speak for no claim.
     let many: std::collections::HashSet<(&str, &str)> =
         if attachments.len() > 1 { attachments.iter().map(|who| (who.container_id.as_str(), who.ifname.as_str())).collect() } else { Default::default() };
     let wanted = |a: &Allocation| match attachments {
-        [who] => a.container_id == who.container_id && a.ifname == who.ifname,
-        _ => many.contains(&(a.container_id.as_str(), a.ifname.as_str())),
+        [who] => a.container_id == who.container_id && a.ifname == who.ifname && releases(a.claim.as_ref(), who.claim.as_ref()),
+        _ => a.claim.is_none() && many.contains(&(a.container_id.as_str(), a.ifname.as_str())),
     };
     allocations
         .iter()
         .enumerate()
-        .filter(|(_, a)| a.claim.is_none() && wanted(a))
+        .filter(|(_, a)| wanted(a))
         .map(|(i, a)| Released { index: i as u32, reservation: address_at(range, a.offset).map(|ip| reservation_name_of(&format_ip(ip), network_name)) })
         .collect()
+}
+
+/// Whether a release speaking for `asking` ends an entry `recorded` owns: a
+/// pod's DEL ends a pod's entry, a ResourceClaim device's release its own
+/// claim's; an IPAMClaim's entry ends with the claim alone.
+fn releases(recorded: Option<&Claim>, asking: Option<&Claim>) -> bool {
+    match (recorded, asking) {
+        (None, None) => true,
+        (Some(r @ Claim::ResourceClaim(_)), Some(a)) => r == a,
+        _ => false,
+    }
 }
 
 /// The address at an offset of a range's network.

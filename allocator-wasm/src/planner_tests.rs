@@ -231,8 +231,21 @@ fn a_del_never_releases_a_claims_entry() {
     let c = crate::normalize(r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","range":"192.0.2.0/24"}}"#, None, "").unwrap();
     let claim = Some(Claim::IpamClaim("ns/vm.n".into()));
     let entries = vec![Allocation { offset: 1, container_id: "a".into(), pod_ref: "ns/p".into(), ifname: "eth0".into(), claim }];
-    let who = Attachment { container_id: "a".into(), ifname: "eth0".into() };
+    let who = Attachment { container_id: "a".into(), ifname: "eth0".into(), claim: None };
     assert!(release(&c.ranges[0], &c.network_name, &entries, &[who]).is_empty());
+}
+
+#[test]
+fn a_devices_release_ends_its_own_entry_only() {
+    let c = crate::normalize(r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","range":"192.0.2.0/24"}}"#, None, "").unwrap();
+    let device = |uid: &str| Some(Claim::ResourceClaim(uid.into()));
+    let entry = |offset, ifname: &str, claim| Allocation { offset, container_id: "uid-1".into(), pod_ref: String::new(), ifname: ifname.into(), claim };
+    let entries = vec![entry(1, "eth1", device("uid-1")), entry(2, "eth2", device("uid-1")), entry(3, "eth1", Some(Claim::IpamClaim("ns/vm".into())))];
+    let who = |ifname: &str, claim| Attachment { container_id: "uid-1".into(), ifname: ifname.into(), claim };
+    let indices = |a| release(&c.ranges[0], &c.network_name, &entries, &[a]).into_iter().map(|r| r.index).collect::<Vec<_>>();
+    assert_eq!(indices(who("eth1", device("uid-1"))), [0], "its device, not the claim's other one, nor an IPAMClaim's");
+    assert!(indices(who("eth1", None)).is_empty(), "a pod's DEL with the same container ID frees nothing of the claim");
+    assert!(indices(who("eth1", device("uid-2"))).is_empty(), "another claim's release frees nothing");
 }
 
 #[test]
@@ -263,7 +276,7 @@ fn release_matches_container_id_and_ifname_and_names_the_reservations() {
         Allocation { offset: 3, container_id: "b".into(), pod_ref: "ns/q".into(), ifname: "eth0".into(), claim: None },
         Allocation { offset: 300, container_id: "b".into(), pod_ref: "ns/q".into(), ifname: "eth0".into(), claim: None },
     ];
-    let who = |container_id: &str, ifname: &str| Attachment { container_id: container_id.into(), ifname: ifname.into() };
+    let who = |container_id: &str, ifname: &str| Attachment { container_id: container_id.into(), ifname: ifname.into(), claim: None };
     let indices = |attachments: &[Attachment]| release(&c.ranges[0], &c.network_name, &entries, attachments).into_iter().map(|r| r.index).collect::<Vec<_>>();
     assert_eq!(indices(&[who("a", "eth0")]), [0]);
     assert_eq!(indices(&[who("a", "net1")]), [1]);

@@ -426,11 +426,11 @@ macro_rules! wit_conversions {
             }
 
             pub fn attachment_to_wit(a: &model::Attachment) -> wit::Attachment {
-                wit::Attachment { container_id: a.container_id.clone(), ifname: a.ifname.clone() }
+                wit::Attachment { container_id: a.container_id.clone(), ifname: a.ifname.clone(), claim: a.claim.as_ref().map(claim_to_wit) }
             }
 
             pub fn attachment_from_wit(a: wit::Attachment) -> model::Attachment {
-                model::Attachment { container_id: a.container_id, ifname: a.ifname }
+                model::Attachment { container_id: a.container_id, ifname: a.ifname, claim: a.claim.map(claim_from_wit) }
             }
 
             pub fn released_to_wit(r: model::Released) -> wit::Released {

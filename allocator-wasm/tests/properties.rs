@@ -198,7 +198,7 @@ proptest! {
             prop_assert_eq!(first, again, "second ADD for the same pod ref + ifname must return the same address");
         }
         for &victim in &churn {
-            let who = Attachment { container_id: format!("c{victim}"), ifname: "eth0".into() };
+            let who = Attachment { container_id: format!("c{victim}"), ifname: "eth0".into(), claim: None };
             let gone: Vec<u32> = thereabouts_allocator::release(r, &config.network_name, &entries, &[who]).into_iter().map(|g| g.index).collect();
             for i in gone.into_iter().rev() { entries.remove(i as usize); }
             add(&mut entries, victim + 1000);

@@ -184,6 +184,11 @@ pub enum CliCommand {
         /// whereabouts' DEL timeout (60 s)
         #[arg(long, default_value_t = 90)]
         unbacked_grace_seconds: u64,
+        /// Seconds a DRA ResourceClaim is seen without `status.reservedFor`
+        /// (no pod uses it) before its devices' addresses are freed, when
+        /// DRANET's release never came
+        #[arg(long, default_value_t = 120)]
+        unreserved_grace_seconds: u64,
         /// A network config (or flat file) whose etcd datastore the reconciler
         /// serves too, besides the namespace's IPPools (repeatable)
         #[arg(long = "etcd-config", value_name = "FILE")]
@@ -194,6 +199,28 @@ pub enum CliCommand {
         /// One pass of each loop without leader election, then exit
         #[arg(long)]
         once: bool,
+        /// error, verbose or debug (to stderr)
+        #[arg(long, default_value = "verbose")]
+        log_level: String,
+    },
+    /// Serve DRANET's profile-provider webhook: addresses for DRA network
+    /// devices, owned by their ResourceClaim
+    #[command(long_about = "Serve DRANET's profile-provider webhook (kubernetes-sigs/dranet, \
+        --profile-provider=webhook --webhook-url=unix:///run/thereabouts/profile.sock): GET /health, \
+        POST /GetProfileConfig and POST /ReleaseProfileConfig.\n\n\
+        A DRA config's `profile` names a network config of --profiles (a .conf or .json file, by its \
+        `name`); its ranges and datastore serve the device. Each device's addresses are owned by its \
+        ResourceClaim (by UID) and kept until ReleaseProfileConfig, or until the controller finds the \
+        claim gone or unreserved past its grace. A repeated GetProfileConfig answers the same addresses.\n\n\
+        Statuses: 400 a request or profile that cannot be served, 404 an unknown profile, 500 what may \
+        heal (a full range, an unreachable datastore), which the kubelet tries again.")]
+    ProfileProvider {
+        /// unix:///path (DRANET's --webhook-url), or tcp://host:port
+        #[arg(long, default_value = "unix:///run/thereabouts/profile.sock")]
+        listen: crate::profile_provider::serve::Listen,
+        /// Directory of profiles: network configs keyed by their `name`
+        #[arg(long, value_name = "DIR", default_value = crate::profile_provider::DEFAULT_PROFILES_DIR)]
+        profiles: PathBuf,
         /// error, verbose or debug (to stderr)
         #[arg(long, default_value = "verbose")]
         log_level: String,
@@ -237,6 +264,12 @@ pub fn run(cli: Cli) -> Result<()> {
             };
             finish(release(&config, &target, kubeconfig.as_deref(), output))
         }
+        CliCommand::ProfileProvider { listen, profiles, log_level } => {
+            crate::logging::configure(Some(&log_level), None);
+            let provider = crate::profile_provider::Provider::load(&profiles)?;
+            crate::logging::verbose(format!("profile-provider: profiles {}", provider.profile_names().join(", ")));
+            crate::profile_provider::serve::run(provider, &listen)
+        }
         CliCommand::Controller {
             kubeconfig,
             namespace,
@@ -248,6 +281,7 @@ pub fn run(cli: Cli) -> Result<()> {
             reconcile_interval_seconds,
             completed_grace_seconds,
             unbacked_grace_seconds,
+            unreserved_grace_seconds,
             etcd_configs,
             metrics_address,
             once,
@@ -266,6 +300,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 reconcile_interval: std::time::Duration::from_secs(reconcile_interval_seconds),
                 completed_grace: std::time::Duration::from_secs(completed_grace_seconds),
                 unbacked_grace: std::time::Duration::from_secs(unbacked_grace_seconds),
+                unreserved_grace: std::time::Duration::from_secs(unreserved_grace_seconds),
                 etcd_configs,
                 metrics_address,
                 once,

@@ -50,6 +50,9 @@ pub enum IpamError {
 pub struct Attachment<'a> {
     pub container_id: &'a str,
     pub ifname: &'a str,
+    /// The ResourceClaim a device's release speaks for (the profile
+    /// provider's); `None` for every CNI call.
+    pub claim: Option<&'a model::Claim>,
 }
 
 pub fn pool_of(range: &NormalizedRange) -> PoolId {
@@ -437,7 +440,7 @@ impl Attachment<'_> {
 
 impl From<Attachment<'_>> for model::Attachment {
     fn from(who: Attachment) -> Self {
-        model::Attachment { container_id: who.container_id.into(), ifname: who.ifname.into() }
+        model::Attachment { container_id: who.container_id.into(), ifname: who.ifname.into(), claim: who.claim.cloned() }
     }
 }
 
@@ -507,7 +510,10 @@ pub fn release(
     let reserving = reserves(store, config);
     let purpose = if reserving { Purpose::Release { container_id: who.container_id, ifname: who.ifname } } else { Purpose::Update };
     let mut tx = store.begin(&pools, purpose, deadline)?;
-    tx.release_together(&release_group(&config.network_name, &pools), &who.into());
+    // A device's release is its own: the DELs of a group are pods'.
+    if who.claim.is_none() {
+        tx.release_together(&release_group(&config.network_name, &pools), &who.into());
+    }
     // Reservations of entries this DEL leaves to a newer container of the same
     // pod (an ADD adopted them): still in use, whoever made them.
     let mut in_use = Vec::new();
@@ -528,7 +534,7 @@ pub fn release(
                 let adopted: Vec<model::Attachment> = entries
                     .iter()
                     .filter(|e| e.container_id != who.container_id && same_attachment(e.holder(), asking, Ifname::Required))
-                    .map(|e| model::Attachment { container_id: e.container_id.clone(), ifname: e.ifname.clone() })
+                    .map(|e| model::Attachment { container_id: e.container_id.clone(), ifname: e.ifname.clone(), claim: None })
                     .collect();
                 if let Some(range) = config.range_of_pool(&pool.name)
                     && !adopted.is_empty()
@@ -655,7 +661,7 @@ pub fn collect_garbage(
                 continue;
             }
             let garbage: Vec<model::Attachment> =
-                garbage.into_iter().map(|(container_id, ifname)| model::Attachment { container_id: container_id.into(), ifname: ifname.into() }).collect();
+                garbage.into_iter().map(|(container_id, ifname)| model::Attachment { container_id: container_id.into(), ifname: ifname.into(), claim: None }).collect();
             release_in(engine, config, pool, entries, &garbage, reserving, &mut changes, |entry| removed.push((pool.clone(), entry.clone())))?;
         }
         let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(loaded) };
@@ -805,8 +811,8 @@ mod tests {
         let config = engine.normalize(stdin, None, "").unwrap().unwrap();
         let entry = |offset, cid: &str| Allocation { offset, container_id: cid.into(), pod_ref: String::new(), ifname: "eth0".into(), claim: None };
         let queued = vec![
-            model::Attachment { container_id: "c1".into(), ifname: "eth0".into() },
-            model::Attachment { container_id: "c2".into(), ifname: "eth0".into() },
+            model::Attachment { container_id: "c1".into(), ifname: "eth0".into(), claim: None },
+            model::Attachment { container_id: "c2".into(), ifname: "eth0".into(), claim: None },
         ];
         let store = Scripted {
             pool: Pool { version: Version("3".into()), entries: vec![entry(5, "c1"), entry(6, "c2")], ..Pool::default() },
@@ -815,7 +821,7 @@ mod tests {
         };
         let placement = Placement::whole(&config);
         let removed =
-            release(&mut engine, &store, &config, &placement, Attachment { container_id: "c1", ifname: "eth0" }, Instant::now() + Duration::from_secs(10));
+            release(&mut engine, &store, &config, &placement, Attachment { container_id: "c1", ifname: "eth0", claim: None }, Instant::now() + Duration::from_secs(10));
         assert_eq!(removed.unwrap().removed, 1);
         assert_eq!(store.committed.borrow()[0].changes, [Change::Remove { offset: 5 }, Change::Remove { offset: 6 }]);
     }
@@ -835,7 +841,7 @@ mod tests {
                 reservations: true,
                 ..scripted(vec![Ok(Outcome::Committed)])
             };
-            let who = Attachment { container_id: "c1", ifname: "eth0" };
+            let who = Attachment { container_id: "c1", ifname: "eth0", claim: None };
             let released = release(&mut engine, &store, &config, &Placement::whole(&config), who, Instant::now() + Duration::from_secs(10)).unwrap();
             assert_eq!((released.found_all, store.leftovers_asked.get()), (asked == 0, asked), "entry of {holder}");
         }
@@ -961,7 +967,7 @@ mod tests {
         let config = engine.normalize(stdin, None, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p").unwrap().unwrap();
         let entry = Allocation { offset: 5, container_id: "c1".into(), pod_ref: "default/p".into(), ifname: "eth0".into(), claim: None };
         let store = Scripted { pool: Pool { version: Version("3".into()), entries: vec![entry], ..Pool::default() }, ..scripted(vec![Ok(Outcome::Committed)]) };
-        let who = Attachment { container_id: "c1", ifname: "eth0" };
+        let who = Attachment { container_id: "c1", ifname: "eth0", claim: None };
         let out = allocate(&mut engine, &store, &config, &Placement::whole(&config), who, Wishes::default(), Instant::now() + Duration::from_secs(5)).unwrap();
         assert_eq!(out[0].address, "192.0.2.5/24");
         let committed = store.committed.borrow();
@@ -987,7 +993,7 @@ mod tests {
             reservations: true,
             ..scripted(vec![Ok(Outcome::Retry(Retry::Conflict { pool: "192.0.2.0-24".into() })), Ok(Outcome::Committed)])
         };
-        let who = Attachment { container_id: "c1", ifname: "eth0" };
+        let who = Attachment { container_id: "c1", ifname: "eth0", claim: None };
         release(&mut engine, &store, &config, &Placement::whole(&config), who, Instant::now() + Duration::from_secs(10)).unwrap();
         let committed = store.committed.borrow();
         assert!(matches!(committed[0].changes[..], [Change::Remove { offset: 5 }, Change::Unreserve { .. }]), "{:?}", committed[0]);

@@ -5,6 +5,7 @@
 //! - [`ipam`]: the read → plan → compare-and-swap cycle shared by all commands;
 //! - [`datastore`]: where allocations live (one trait; the file store today);
 //! - [`policy`]: operators' sandboxed policy extensions (WebAssembly components);
+//! - [`profile_provider`]: DRANET's profile-provider webhook (addresses for DRA devices);
 //! - [`cli`]: `preview`, `pools` and `engine-component` beside CNI mode;
 //! - [`logging`]: whereabouts-style log lines, never on stdout;
 //! - [`json`]: the one JSON printer (a leaf: CNI documents, CLI reports, pool files).
@@ -22,3 +23,4 @@ pub mod network_config;
 pub mod node_name;
 pub mod placement;
 pub mod policy;
+pub mod profile_provider;

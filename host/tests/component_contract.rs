@@ -183,7 +183,7 @@ fn release_through_the_component_names_the_reservations() {
         claim: None,
     };
     let entries = vec![entry(1, "a"), entry(0, "b"), entry(1 << 40, "b")];
-    let who = |container_id: &str| native::Attachment { container_id: container_id.into(), ifname: "eth0".into() };
+    let who = |container_id: &str| native::Attachment { container_id: container_id.into(), ifname: "eth0".into(), claim: None };
     let released = engine.release(range, net, &entries, &[who("b")]).unwrap();
     assert_eq!(released, native::release(range, net, &entries, &[who("b")]));
     // The network's own address gets the trailing `0`; an offset outside the /96 has no name.

@@ -9,7 +9,7 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 use thereabouts_allocator::attachment::Holder;
 use thereabouts_allocator::config::SUPPORTED_CNI_VERSIONS;
-use thereabouts_allocator::model::{Assignment, NormalizedConfig, RangesAllocation};
+use thereabouts_allocator::model::{Assignment, Claim, NormalizedConfig, RangesAllocation};
 
 use super::claims;
 use super::env::{CniEnv, Command};
@@ -51,7 +51,7 @@ pub fn execute(env: &CniEnv, stdin: &str) -> Result<Option<String>, CniError> {
         flat.as_ref().map_or("none".to_string(), |f| f.path.display().to_string())
     ));
     let store = datastore::open(&config.datastore, &config.name)?;
-    let who = Attachment { container_id: &env.container_id, ifname: &env.ifname };
+    let who = Attachment { container_id: &env.container_id, ifname: &env.ifname, claim: None };
     let outcome = match env.command {
         Command::Add => add(&mut engine, store.as_ref(), &config, who, &env.args).map(Some),
         Command::Del => del(&mut engine, store.as_ref(), &config, who).map(|()| None),
@@ -210,6 +210,20 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
     let result = allocated?;
     logging::verbose(format!("ADD {}/{}: {}", who.container_id, who.ifname, result.ips.iter().map(|ip| ip.address.as_str()).collect::<Vec<_>>().join(", ")));
     result.to_json(&config.cni_version)
+}
+
+/// An ADD for a ResourceClaim's device (the profile provider's
+/// GetProfileConfig): the same placement and allocation as a pod's, owned by
+/// the claim, so that a repeat finds the device's addresses again.
+pub fn allocate_for_claim(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, claim: &Claim) -> Result<IpamResult, CniError> {
+    let wishes = ipam::Wishes { guide: None, preferred: &[], claim: Some(claim) };
+    allocate_placed(engine, store, config, who, wishes, &[], deadline(retry::ADD_BUDGET))
+}
+
+/// A DEL by another name (the profile provider's ReleaseProfileConfig: `who`
+/// speaks for its ResourceClaim).
+pub fn release_attachment(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment) -> Result<(), CniError> {
+    del(engine, store, config, who)
 }
 
 /// The Kubernetes API of the config's kubeconfig (its datastore's, or

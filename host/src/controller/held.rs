@@ -97,7 +97,8 @@ impl Holdings {
                 continue;
             };
             summary.entries += 1;
-            if !a.pod_ref.contains('/') {
+            // A claim's entry may name no pod (a DRA device's); its claim frees it.
+            if !a.pod_ref.contains('/') && a.claim.is_none() {
                 summary.without_podref += 1;
             }
             if only.is_some_and(|o| !o.contains(&a.pod_ref)) {

@@ -27,6 +27,7 @@ mod pod_source;
 mod pods;
 mod pool_index;
 pub mod reconcile;
+mod resource_claims;
 #[cfg(test)]
 mod reconcile_tests;
 mod slice_objects;
@@ -74,6 +75,9 @@ pub struct Options {
     pub completed_grace: Duration,
     /// How long a reservation is seen without its entry before it is freed.
     pub unbacked_grace: Duration,
+    /// How long a ResourceClaim is seen without `status.reservedFor` before
+    /// its devices' addresses are freed.
+    pub unreserved_grace: Duration,
     /// Network configs (or flat files) of etcd datastores to reconcile too.
     pub etcd_configs: Vec<PathBuf>,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; none when empty.
@@ -149,6 +153,7 @@ pub fn reconciler(
         add_budget: ADD_BUDGET,
         unbacked_grace,
         unbacked: reconcile::Unbacked::default(),
+        unreserved: resource_claims::Unreserved::default(),
         identity: identity.to_string(),
     }
 }
@@ -187,7 +192,11 @@ async fn serve(options: Options) -> Result<()> {
     let mut slices = slice_pass::SlicePass::new(api::Api { client: client.clone(), metrics: metrics.clone() }, &options, engine);
     let reconcilers: Vec<reconcile::Reconciler> = stores
         .into_iter()
-        .map(|store| reconciler(client.clone(), metrics.clone(), store, &options.identity, guard.clone(), options.completed_grace, options.unbacked_grace))
+        .map(|store| {
+            let mut r = reconciler(client.clone(), metrics.clone(), store, &options.identity, guard.clone(), options.completed_grace, options.unbacked_grace);
+            r.unreserved = resource_claims::Unreserved::new(options.unreserved_grace);
+            r
+        })
         .collect();
     if options.once {
         slices.run().await?;
@@ -464,16 +473,24 @@ fn spawn_pod_watch(client: &kube::Client, events: mpsc::UnboundedSender<PodEvent
     }));
 }
 
-/// IPAMClaim deletes, from a metadata-only watch. Where the CRD is not
-/// installed the watch backs off and tries again (it may be installed later).
+/// IPAMClaim and ResourceClaim deletes, from metadata-only watches. Where
+/// the CRD or DRA's API is not served (or may not be watched) a watch backs
+/// off and tries again (it may be installed later).
 fn spawn_claim_watch(client: &kube::Client, events: mpsc::UnboundedSender<PodEvent>) {
     let claims: KubeApi<PartialObjectMeta<DynamicObject>> = KubeApi::all_with(client.clone(), &IPAM_CLAIM_RESOURCE.api_resource());
-    tokio::spawn(watcher(claims, watcher::Config::default()).default_backoff().for_each(move |event| {
+    tokio::spawn(watcher(claims, watcher::Config::default()).default_backoff().for_each(claim_deleted(events.clone())));
+    let resource_claims: KubeApi<PartialObjectMeta<k8s_openapi::api::resource::v1::ResourceClaim>> = KubeApi::all(client.clone());
+    tokio::spawn(watcher(resource_claims, watcher::Config::default()).default_backoff().for_each(claim_deleted(events)));
+}
+
+/// A claim watch's handler: a delete brings a full pass forward.
+fn claim_deleted<T, E>(events: mpsc::UnboundedSender<PodEvent>) -> impl FnMut(Result<watcher::Event<T>, E>) -> std::future::Ready<()> {
+    move |event| {
         if let Ok(watcher::Event::Delete(_)) = event {
             let _ = events.send(PodEvent::ClaimDeleted);
         }
         std::future::ready(())
-    }));
+    }
 }
 
 /// A watch event's handler: wake the loop (a pending wake-up is enough).

@@ -29,6 +29,9 @@ pub struct PodsAt {
     names: Names,
     /// The IPAMClaims that exist (`namespace/name`), when they were read.
     ipam_claims: Option<HashSet<String>>,
+    /// The ResourceClaims (by UID) that keep their devices' addresses, when
+    /// they were read ([`super::resource_claims::Unreserved::read`]).
+    pub resource_claims: Option<HashSet<String>>,
 }
 
 impl PodView for PodsAt {
@@ -41,8 +44,7 @@ impl PodView for PodsAt {
     fn claim_gone(&self, claim: &Claim) -> bool {
         match claim {
             Claim::IpamClaim(r) => self.ipam_claims.as_ref().is_some_and(|known| !known.contains(r)),
-            // Not read yet: never freed on a guess.
-            Claim::ResourceClaim(_) => false,
+            Claim::ResourceClaim(uid) => self.resource_claims.as_ref().is_some_and(|live| !live.contains(uid)),
         }
     }
 }

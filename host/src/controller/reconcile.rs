@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::resource_claims::Unreserved;
 use super::api::Api;
 use futures_util::future::join_all;
 
@@ -80,6 +81,8 @@ pub struct Reconciler {
     pub unbacked_grace: Duration,
     /// When this replica first saw each reservation without an entry.
     pub unbacked: Unbacked,
+    /// When this replica first saw each ResourceClaim without a reservation.
+    pub unreserved: Unreserved,
     /// Who reports the Events.
     pub identity: String,
 }
@@ -117,6 +120,10 @@ impl Reconciler {
                 let ipam_claim = |c: Option<&Claim>| matches!(c, Some(Claim::IpamClaim(_)));
                 if held.entries.iter().any(|e| ipam_claim(e.holder.claim.as_ref())) || held.reservations.iter().any(|r| ipam_claim(r.claim.as_ref())) {
                     pods.read_ipam_claims(&self.api).await.context("listing IPAMClaims")?;
+                }
+                let resource_claim = |c: Option<&Claim>| matches!(c, Some(Claim::ResourceClaim(_)));
+                if held.entries.iter().any(|e| resource_claim(e.holder.claim.as_ref())) || held.reservations.iter().any(|r| resource_claim(r.claim.as_ref())) {
+                    pods.resource_claims = self.unreserved.read(&self.api).await.context("listing ResourceClaims")?;
                 }
                 pods
             }

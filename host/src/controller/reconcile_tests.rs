@@ -173,6 +173,33 @@ async fn a_controller_that_may_not_list_claims_keeps_their_addresses_and_ends_it
     assert_eq!(reconciler.pass(&Scope::Full, true).await.unwrap().entries.len(), 0);
 }
 
+/// A pool holding the address of a DRA device (`eth1`) of the ResourceClaim with UID `rc-1`; no pod.
+fn device_pool() -> Answer {
+    list(vec![json!({"metadata": {"name": "blue-192.0.2.0-24", "resourceVersion": "7"}, "spec": {"range": "192.0.2.0/24", "allocations": {
+        "1": {"id": "rc-1", "podref": "", "ifname": "eth1", "resourceclaimref": "rc-1"}}}})])
+}
+
+const RESOURCE_CLAIMS: &str = "GET /apis/resource.k8s.io/v1/resourceclaims?limit=500";
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_devices_address_stays_while_its_claim_is_reserved_and_goes_with_the_claim() {
+    let reserved = json!({"metadata": {"uid": "rc-1"}, "status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}]}});
+    let (reconciler, log) = unguarded_reconciler(vec![device_pool(), list(vec![]), list(vec![]), list(vec![]), list(vec![reserved])]);
+    let report = reconciler.pass(&Scope::Full, true).await.unwrap();
+    assert_eq!((report.entries.len(), report.without_podref.len()), (0, 0), "no pod rule touches it");
+    assert_eq!(log.lines(), [POOLS, ORIPS, PODS, NODES, RESOURCE_CLAIMS]);
+    let (reconciler, _) = unguarded_reconciler(vec![device_pool(), list(vec![]), list(vec![]), list(vec![]), list(vec![])]);
+    let report = reconciler.pass(&Scope::Full, true).await.unwrap();
+    assert_eq!(report.entries.iter().map(|(_, why)| *why).collect::<Vec<_>>(), [super::verdict::Reason::ClaimGone]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn where_dra_is_not_served_a_devices_address_is_kept() {
+    let not_served = Answer::Status(404, "the server could not find the requested resource", Value::Null);
+    let (reconciler, _) = unguarded_reconciler(vec![device_pool(), list(vec![]), list(vec![]), list(vec![]), not_served]);
+    assert_eq!(reconciler.pass(&Scope::Full, true).await.unwrap().entries.len(), 0);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn an_entry_taken_over_meanwhile_keeps_its_reservation_and_gets_no_event() {
     let mut script = reads();
@@ -254,6 +281,7 @@ fn options() -> super::Options {
         reconcile_interval: secs(300),
         completed_grace: secs(60),
         unbacked_grace: secs(90),
+        unreserved_grace: secs(120),
         etcd_configs: vec![],
         metrics_address: String::new(),
         once: false,

@@ -144,7 +144,9 @@ pub async fn reconcile(store: Store, pods: kube::Client, dry: bool, completed_gr
     let datastore = store.describe();
     // One pass remembers nothing: a reservation without its entry is freed
     // when seen (a person decided to run it; the controller waits instead).
-    let reconciler = super::reconciler(pods, Metrics::new(), store, identity, WriteGuard::Unguarded, completed_grace, Duration::ZERO);
+    let mut reconciler = super::reconciler(pods, Metrics::new(), store, identity, WriteGuard::Unguarded, completed_grace, Duration::ZERO);
+    // One pass by hand sees each claim once: unreserved now is unreserved.
+    reconciler.unreserved = super::resource_claims::Unreserved::new(Duration::ZERO);
     let report = reconciler.pass(&Scope::Full, dry).await?;
     Ok(reconcile_report(datastore, dry, report))
 }
@@ -389,7 +391,7 @@ pub fn check(held: &Holdings, overlapping_ranges: bool) -> Vec<Finding> {
         findings.extend(unprotected.map(|e| entry_finding(Problem::EntryWithoutReservation, e, why.into())));
     }
     findings.extend(held.reservations.iter().filter(|r| !index.is_backed(r)).map(reservation_without_entry));
-    let without_podref = held.entries.iter().filter(|e| !e.holder.pod_ref.contains('/'));
+    let without_podref = held.entries.iter().filter(|e| !e.holder.pod_ref.contains('/') && e.holder.claim.is_none());
     findings.extend(
         without_podref.map(|e| entry_finding(Problem::WithoutPodref, e, format!("container {:?}: the reconciler never frees it", e.holder.container_id))),
     );

@@ -595,6 +595,8 @@ async fn controller_yaml_grants_exactly_what_the_controller_needs() {
         ("list", "k8s.cni.cncf.io", "network-attachment-definitions", None),
         ("list", "k8s.cni.cncf.io", "ipamclaims", None),
         ("watch", "k8s.cni.cncf.io", "ipamclaims", None),
+        ("list", "resource.k8s.io", "resourceclaims", None),
+        ("watch", "resource.k8s.io", "resourceclaims", None),
     ];
     let refused = [
         ("delete", "", "pods", Some("default")),

@@ -55,7 +55,7 @@ impl Node {
 
     fn add(&mut self, cid: &str, pod: &str) -> (Result<Vec<String>, IpamError>, Vec<String>) {
         self.call(pod, |engine, store, config| {
-            let who = Attachment { container_id: cid, ifname: "eth0" };
+            let who = Attachment { container_id: cid, ifname: "eth0", claim: None };
             ipam::allocate(engine, store, config, &crate::placement::Placement::whole(config), who, ipam::Wishes::default(), deadline())
                 .map(|a| a.into_iter().map(|a| a.address).collect())
         })
@@ -63,7 +63,7 @@ impl Node {
 
     fn del(&mut self, cid: &str, pod: &str) -> (Result<usize, IpamError>, Vec<String>) {
         self.call(pod, |engine, store, config| {
-            ipam::release(engine, store, config, &crate::placement::Placement::whole(config), Attachment { container_id: cid, ifname: "eth0" }, deadline())
+            ipam::release(engine, store, config, &crate::placement::Placement::whole(config), Attachment { container_id: cid, ifname: "eth0", claim: None }, deadline())
                 .map(|r| r.removed)
         })
     }

@@ -585,7 +585,7 @@ fn remove(id: &PoolId, rv: &str, offsets: &[u128]) -> PoolUpdate {
 /// its release in group `g`, before any write.
 fn del_queueing<'s>(s: &'s KubernetesStore, p: &PoolId) -> Box<dyn Transaction + 's> {
     let mut tx = s.begin(std::slice::from_ref(p), Purpose::Update, deadline()).unwrap();
-    tx.release_together("g", &thereabouts_allocator::model::Attachment { container_id: "c1".into(), ifname: "eth0".into() });
+    tx.release_together("g", &thereabouts_allocator::model::Attachment { container_id: "c1".into(), ifname: "eth0".into(), claim: None });
     tx.load().unwrap();
     assert_eq!(tx.commit(&[remove(p, "10", &[1])]).unwrap(), Outcome::Retry(Retry::Turn));
     tx
@@ -619,7 +619,7 @@ fn a_del_in_its_turn_removes_the_entries_of_its_groups_dels_queued_behind_it_the
     assert_eq!(log.body(1)["metadata"]["annotations"][turn::RELEASE_CONTAINER_ANNOTATION], "c1");
     assert!(tx.serialized());
     let queued = tx.queued_releases();
-    let attachment = |c: &str| thereabouts_allocator::model::Attachment { container_id: c.into(), ifname: "eth0".into() };
+    let attachment = |c: &str| thereabouts_allocator::model::Attachment { container_id: c.into(), ifname: "eth0".into(), claim: None };
     assert_eq!(queued, [attachment("c2"), attachment("c5")]);
     tx.load().unwrap();
     assert_eq!(tx.commit(&[remove(&p, "11", &[1, 2, 5])]).unwrap(), Outcome::Committed);

@@ -244,7 +244,7 @@ impl Transaction for KubeTransaction<'_> {
         queued
             .into_iter()
             .map(|(ticket, container_id, ifname)| {
-                let attachment = Attachment { container_id, ifname };
+                let attachment = Attachment { container_id, ifname, claim: None };
                 self.serving.push((ticket, attachment.clone()));
                 attachment
             })
