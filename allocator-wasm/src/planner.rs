@@ -19,8 +19,8 @@ use crate::error::ConfigError;
 use crate::guidance;
 use crate::ip::{Family, format_ip, from_u128, parse_ip_sloppy, parse_ip_strict, to_u128};
 use crate::model::{
-    Allocation, Assignment, Attachment, Claim, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, PreviewFailure, PreviewTable,
-    RangeCandidates, RangePick, RangesAllocation, Released, Request, Reservations,
+    Allocation, Assignment, Attachment, Claim, NormalizedConfig, NormalizedRange, PlanFailure, PlanOutcome, PoolSnapshot, PoolState, PreviewFailure,
+    PreviewTable, RangeCandidates, RangePick, RangesAllocation, Released, Request, Reservations,
 };
 use crate::naming::reservation_name_of;
 use crate::pools;

@@ -660,8 +660,10 @@ pub fn collect_garbage(
             if garbage.is_empty() {
                 continue;
             }
-            let garbage: Vec<model::Attachment> =
-                garbage.into_iter().map(|(container_id, ifname)| model::Attachment { container_id: container_id.into(), ifname: ifname.into(), claim: None }).collect();
+            let garbage: Vec<model::Attachment> = garbage
+                .into_iter()
+                .map(|(container_id, ifname)| model::Attachment { container_id: container_id.into(), ifname: ifname.into(), claim: None })
+                .collect();
             release_in(engine, config, pool, entries, &garbage, reserving, &mut changes, |entry| removed.push((pool.clone(), entry.clone())))?;
         }
         let updates = if changes.is_empty() { Vec::new() } else { changes.into_updates(loaded) };
@@ -820,8 +822,14 @@ mod tests {
             ..scripted(vec![Ok(Outcome::Committed)])
         };
         let placement = Placement::whole(&config);
-        let removed =
-            release(&mut engine, &store, &config, &placement, Attachment { container_id: "c1", ifname: "eth0", claim: None }, Instant::now() + Duration::from_secs(10));
+        let removed = release(
+            &mut engine,
+            &store,
+            &config,
+            &placement,
+            Attachment { container_id: "c1", ifname: "eth0", claim: None },
+            Instant::now() + Duration::from_secs(10),
+        );
         assert_eq!(removed.unwrap().removed, 1);
         assert_eq!(store.committed.borrow()[0].changes, [Change::Remove { offset: 5 }, Change::Remove { offset: 6 }]);
     }

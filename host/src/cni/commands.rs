@@ -215,7 +215,13 @@ fn add(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedC
 /// An ADD for a ResourceClaim's device (the profile provider's
 /// GetProfileConfig): the same placement and allocation as a pod's, owned by
 /// the claim, so that a repeat finds the device's addresses again.
-pub fn allocate_for_claim(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, who: Attachment, claim: &Claim) -> Result<IpamResult, CniError> {
+pub fn allocate_for_claim(
+    engine: &mut EngineComponent,
+    store: &dyn Datastore,
+    config: &NormalizedConfig,
+    who: Attachment,
+    claim: &Claim,
+) -> Result<IpamResult, CniError> {
     let wishes = ipam::Wishes { guide: None, preferred: &[], claim: Some(claim) };
     allocate_placed(engine, store, config, who, wishes, &[], deadline(retry::ADD_BUDGET))
 }

@@ -27,9 +27,9 @@ mod pod_source;
 mod pods;
 mod pool_index;
 pub mod reconcile;
-mod resource_claims;
 #[cfg(test)]
 mod reconcile_tests;
+mod resource_claims;
 mod slice_objects;
 mod slice_pass;
 pub mod store;

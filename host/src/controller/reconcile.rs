@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::resource_claims::Unreserved;
 use super::api::Api;
+use super::resource_claims::Unreserved;
 use futures_util::future::join_all;
 
 use super::held::{Entry, EntryIndex, Holdings, Reservation};

@@ -68,7 +68,9 @@ impl Unreserved {
             Ok(()) => Ok(Some(self.observe(claims, Instant::now()))),
             Err(e) if e.code() == Some(404) => Ok(None),
             Err(e) if e.code() == Some(403) => {
-                crate::logging::error(format!("controller: may not list ResourceClaims ({e}); their devices' addresses are kept until deploy/controller.yaml is applied"));
+                crate::logging::error(format!(
+                    "controller: may not list ResourceClaims ({e}); their devices' addresses are kept until deploy/controller.yaml is applied"
+                ));
                 Ok(None)
             }
             Err(e) => Err(e),

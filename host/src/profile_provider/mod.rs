@@ -60,7 +60,8 @@ impl Provider {
                 continue;
             }
             let text = std::fs::read_to_string(&path).with_context(|| format!("reading profile {}", path.display()))?;
-            let (config, _) = network_config::load(&mut engine, &text, "").map_err(|e| anyhow::anyhow!("profile {}: {}", path.display(), CniError::from(e).msg))?;
+            let (config, _) =
+                network_config::load(&mut engine, &text, "").map_err(|e| anyhow::anyhow!("profile {}: {}", path.display(), CniError::from(e).msg))?;
             if let Some(other) = profiles.get(&config.name).map(|p: &Profile| p.path.clone()) {
                 bail!("profiles {} and {} are both named {:?}", other.display(), path.display(), config.name);
             }

@@ -130,7 +130,11 @@ async fn respond(request: Request<Incoming>, provider: Arc<Provider>) -> Respons
             // The calls block (datastores, a mutex): off the server's thread.
             let (tx, rx) = tokio::sync::oneshot::channel();
             std::thread::spawn(move || {
-                let answer = if releasing { provider.release(&body).map(|()| "{}".to_string()) } else { provider.get(&body).map(|a| crate::json::pretty(&serde_json::json!(a))) };
+                let answer = if releasing {
+                    provider.release(&body).map(|()| "{}".to_string())
+                } else {
+                    provider.get(&body).map(|a| crate::json::pretty(&serde_json::json!(a)))
+                };
                 let _ = tx.send(answer);
             });
             match rx.await {

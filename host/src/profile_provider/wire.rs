@@ -188,7 +188,9 @@ mod tests {
         assert_eq!(ProfileRequest::parse(b"{").unwrap_err().status, 400);
         let no_uid = ProfileRequest::parse(br#"{"device":{"name":"eth1"}}"#).unwrap();
         assert_eq!(no_uid.checked().err().map(|r| r.message), Some("claim_uid is empty".into()));
-        let static_addresses = ProfileRequest::parse(br#"{"device":{"name":"eth1"},"claim_uid":"u","config":{"profile":"p","interface":{"addresses":["192.0.2.9/24"]}}}"#).unwrap();
+        let static_addresses =
+            ProfileRequest::parse(br#"{"device":{"name":"eth1"},"claim_uid":"u","config":{"profile":"p","interface":{"addresses":["192.0.2.9/24"]}}}"#)
+                .unwrap();
         assert!(static_addresses.sets_addresses().unwrap_err().message.starts_with("interface.addresses"));
     }
 
@@ -206,7 +208,11 @@ mod tests {
     #[test]
     fn the_answer_carries_addresses_and_routes_in_dranets_shape() {
         let result = IpamResult {
-            ips: vec![crate::cni::result::IpConfig { address: "192.0.2.2/24".into(), gateway: Some("192.0.2.1".into()), family: thereabouts_allocator::ip::Family::V4 }],
+            ips: vec![crate::cni::result::IpConfig {
+                address: "192.0.2.2/24".into(),
+                gateway: Some("192.0.2.1".into()),
+                family: thereabouts_allocator::ip::Family::V4,
+            }],
             routes: vec![serde_json::json!({"dst": "198.51.100.0/24", "gw": "192.0.2.1"}), serde_json::json!({"dst": "203.0.113.0/24"})],
             dns: None,
         };

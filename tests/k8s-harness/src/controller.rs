@@ -156,6 +156,8 @@ pub struct Settings {
     /// `--unbacked-grace-seconds`: short here, the tests' own deletes come
     /// with their entries'.
     pub unbacked_grace_seconds: u64,
+    /// `--unreserved-grace-seconds`: how long a ResourceClaim may be seen unreserved.
+    pub unreserved_grace_seconds: u64,
     pub lease_seconds: u64,
     pub identity: String,
     /// Network configs of etcd datastores it reconciles too (`--etcd-config`).
@@ -172,6 +174,7 @@ impl Default for Settings {
             reconcile_interval_seconds: 300,
             completed_grace_seconds: 60,
             unbacked_grace_seconds: 2,
+            unreserved_grace_seconds: 120,
             lease_seconds: 2,
             identity: "test".into(),
             etcd_configs: Vec::new(),
@@ -213,6 +216,8 @@ impl Controller {
             .arg(settings.completed_grace_seconds.to_string())
             .arg("--unbacked-grace-seconds")
             .arg(settings.unbacked_grace_seconds.to_string())
+            .arg("--unreserved-grace-seconds")
+            .arg(settings.unreserved_grace_seconds.to_string())
             .arg("--metrics-address")
             .arg(format!("127.0.0.1:{metrics_port}"))
             .arg("--identity")

@@ -57,6 +57,7 @@ pub mod plugin;
 pub mod pod_fleet;
 pub mod pods;
 mod process;
+pub mod profile_provider;
 pub mod report;
 pub mod whereabouts;
 pub mod whereabouts_controllers;

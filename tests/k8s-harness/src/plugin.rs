@@ -178,6 +178,12 @@ impl Objects {
         }
     }
 
+    /// Merge-patches the `status` subresource of an object of another API group.
+    pub fn patch_status_at(&self, group_version: &str, plural: &str, name: &str, patch: &Value) -> Result<()> {
+        let path = format!("{}/status", self.path_in(group_version, plural, Some(name)));
+        self.send(http::Method::PATCH, &path, Some(patch))?.map(|_| ()).with_context(|| format!("{path}: 404"))
+    }
+
     pub fn delete(&self, plural: &str, name: &str) -> Result<()> {
         self.send(http::Method::DELETE, &self.path(plural, Some(name)), None).map(|_| ())
     }

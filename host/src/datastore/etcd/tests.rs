@@ -63,8 +63,15 @@ impl Node {
 
     fn del(&mut self, cid: &str, pod: &str) -> (Result<usize, IpamError>, Vec<String>) {
         self.call(pod, |engine, store, config| {
-            ipam::release(engine, store, config, &crate::placement::Placement::whole(config), Attachment { container_id: cid, ifname: "eth0", claim: None }, deadline())
-                .map(|r| r.removed)
+            ipam::release(
+                engine,
+                store,
+                config,
+                &crate::placement::Placement::whole(config),
+                Attachment { container_id: cid, ifname: "eth0", claim: None },
+                deadline(),
+            )
+            .map(|r| r.removed)
         })
     }
 }
