@@ -287,14 +287,23 @@ fn assign_requested_ips(plugin: &Map<String, Value>, ranges: &mut [NormalizedRan
         }
     }
     for (field, text) in requests {
-        let bare = text.split_once('/').map_or(text.as_str(), |(ip, _)| ip);
-        let ip = ip::parse_ip_strict(bare).ok_or_else(|| ConfigError::invalid(&field, format!("invalid IP address {text:?}")))?;
-        let slot = ranges
-            .iter_mut()
-            .find(|r| r.requested.is_none() && crate::planner::offset_of(r, ip).is_some())
-            .ok_or_else(|| ConfigError::invalid(&field, format!("requested address {text} is not inside any configured range without a request")))?;
-        slot.requested = Some(format_ip(ip));
+        request_address(ranges, &field, &text)?;
     }
+    Ok(())
+}
+
+/// Makes `text` (an address; a prefix is ignored) the request of the first
+/// range whose network holds it and that has no request yet. The one rule
+/// for every requested address: `runtimeConfig.ips`, `args.cni.ips`, and the
+/// host's IPAMClaim `status.ips`; `field` names where it came from.
+pub fn request_address(ranges: &mut [NormalizedRange], field: &str, text: &str) -> Result<()> {
+    let bare = text.split_once('/').map_or(text, |(ip, _)| ip);
+    let ip = ip::parse_ip_strict(bare).ok_or_else(|| ConfigError::invalid(field, format!("invalid IP address {text:?}")))?;
+    let slot = ranges
+        .iter_mut()
+        .find(|r| r.requested.is_none() && crate::planner::offset_of(r, ip).is_some())
+        .ok_or_else(|| ConfigError::invalid(field, format!("requested address {text} is not inside any configured range without a request")))?;
+    slot.requested = Some(format_ip(ip));
     Ok(())
 }
 

@@ -101,26 +101,15 @@ pub fn read(
     }
 }
 
-/// The config with the claim's `status.ips` as each range's requested
-/// address: a claim whose addresses are set gets exactly those (its entries
-/// are kept as the pod's are; this covers a pool that lost them).
+/// The config with the claim's `status.ips` as requested addresses, by the
+/// engine's rule for every requested address: a claim whose addresses are set
+/// gets exactly those (its entries are kept as the pod's are; this covers a
+/// pool that lost them).
 pub fn with_claim_ips(config: &NormalizedConfig, claimed: &ClaimedAdd) -> Result<NormalizedConfig, CniError> {
     let mut config = config.clone();
-    for text in &claimed.state.ips {
-        let bare = text.split_once('/').map_or(text.as_str(), |(ip, _)| ip);
-        let Ok(ip) = bare.parse::<std::net::IpAddr>() else {
-            return Err(CniError::new(
-                code::INVALID_CONFIG,
-                format!("IPAMClaim {}/{} has an invalid status.ips entry {text:?}", claimed.namespace, claimed.name),
-            ));
-        };
-        let Some(range) = config.ranges.iter_mut().find(|r| thereabouts_allocator::planner::offset_of(r, ip).is_some()) else {
-            return Err(CniError::new(
-                code::INVALID_CONFIG,
-                format!("IPAMClaim {}/{} holds {text}, which is in no range of network {}", claimed.namespace, claimed.name, config.name),
-            ));
-        };
-        range.requested = Some(ip.to_string());
+    for (i, text) in claimed.state.ips.iter().enumerate() {
+        let field = format!("IPAMClaim {}/{} status.ips[{i}]", claimed.namespace, claimed.name);
+        thereabouts_allocator::config::request_address(&mut config.ranges, &field, text)?;
     }
     Ok(config)
 }
@@ -170,6 +159,27 @@ mod tests {
         assert_eq!(log.lines(), [format!("GET {claim_path}"), format!("PATCH {claim_path}/status")]);
         let status = &log.body(1)["status"];
         assert_eq!((status.get("ips"), &status["ownerPod"]), (None, &json!({"name": "launcher-2"})), "its addresses were set: kept as they are");
+    }
+
+    #[test]
+    fn a_claims_addresses_become_requests_by_the_engines_rule() {
+        let stdin = r#"{"cniVersion":"1.0.0","name":"blue","ipam":{"type":"thereabouts","ipRanges":[{"range":"192.0.2.0/24"},{"range":"2001:db8::/64"}]}}"#;
+        let config = thereabouts_allocator::config::normalize(stdin, None, "").unwrap();
+        let claimed = |ips: &[&str]| ClaimedAdd {
+            namespace: "vms".into(),
+            name: "vm-a.blue".into(),
+            pod: "launcher".into(),
+            state: IpamClaimState { ips: ips.iter().map(|s| s.to_string()).collect(), ..IpamClaimState::default() },
+        };
+        let requested = |c: &NormalizedConfig| c.ranges.iter().map(|r| r.requested.clone()).collect::<Vec<_>>();
+        let placed = with_claim_ips(&config, &claimed(&["2001:db8::7/64", "192.0.2.9/24"])).unwrap();
+        assert_eq!(requested(&placed), [Some("192.0.2.9".into()), Some("2001:db8::7".into())]);
+        let outside = with_claim_ips(&config, &claimed(&["198.51.100.1/24"])).unwrap_err();
+        assert_eq!((outside.code, outside.details.as_str()), (code::INVALID_CONFIG, "field: IPAMClaim vms/vm-a.blue status.ips[0]"));
+        // A range asked for twice: the runtime's request and the claim's.
+        let mut asked = config.clone();
+        asked.ranges[0].requested = Some("192.0.2.3".into());
+        assert!(with_claim_ips(&asked, &claimed(&["192.0.2.9/24"])).is_err());
     }
 
     #[test]
