@@ -92,3 +92,33 @@ fn a_devices_addresses_are_its_claims_until_released_or_the_claim_ends() {
     // The freed addresses come back.
     assert_eq!(address(client.get_profile(&request("another-uid", "eth1", PROFILE)).unwrap()), (200, "192.0.2.1/24".into()));
 }
+
+/// The same calls on the file and etcd datastores: a profile's datastore is
+/// whatever its config names (the cross-store rule: the same addresses for the
+/// same calls on every store).
+#[test]
+fn the_file_and_etcd_datastores_serve_devices_the_same_way() {
+    use thereabouts_k8s_harness::etcd::{Etcd, etcd_conf};
+    let etcd = Etcd::start_plain().unwrap();
+    let work = TempDir::new("profile-provider-stores");
+    let profiles = work.path().join("profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    let file = json!({"cniVersion": "1.1.0", "name": "dra-file", "ipam": {"type": "thereabouts", "datastore": "file",
+        "data_dir": work.path().join("data"), "ipRanges": [{"range": "192.0.2.0/24"}, {"range": "2001:db8::/64"}]}});
+    let etcd_profile = etcd_conf(etcd.access(), "dra-etcd", &["192.0.2.0/24", "2001:db8::/64"]);
+    std::fs::write(profiles.join("file.conf"), file.to_string()).unwrap();
+    std::fs::write(profiles.join("etcd.json"), etcd_profile.to_string()).unwrap();
+    let socket = work.path().join("profile.sock");
+    let _provider = ProfileProvider::start(&thereabouts_bin(), &profiles, &socket, &work.path().join("provider.log")).unwrap();
+    let mut client = Client::new(&socket).unwrap();
+    let addresses = |(status, answer): (u16, Value)| (status, answer["interface"]["addresses"].clone());
+    for profile in ["dra-file", "dra-etcd"] {
+        let device = request("uid-1", "eth1", profile);
+        let first = addresses(client.get_profile(&device).unwrap());
+        assert_eq!(first, (200, json!(["192.0.2.1/24", "2001:db8::1/64"])), "{profile}");
+        assert_eq!(addresses(client.get_profile(&device).unwrap()), first, "{profile}: idempotent");
+        assert_eq!(addresses(client.get_profile(&request("uid-2", "eth1", profile)).unwrap()).1, json!(["192.0.2.2/24", "2001:db8::2/64"]), "{profile}");
+        assert_eq!(client.release_profile(&device).unwrap(), 200, "{profile}");
+        assert_eq!(addresses(client.get_profile(&request("uid-3", "eth1", profile)).unwrap()).1, first.1, "{profile}: the released addresses come back");
+    }
+}
