@@ -13,6 +13,7 @@ pub mod guidance;
 pub mod ip;
 pub mod model;
 pub mod naming;
+pub mod objects;
 pub mod planner;
 pub mod policies_config;
 pub mod pools;

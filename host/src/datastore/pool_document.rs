@@ -100,14 +100,9 @@ pub fn claim_fields(claim: Option<&Claim>) -> (&str, &str) {
     }
 }
 
-/// The claim [`claim_fields`] recorded (an IPAMClaim when both are set).
-pub fn claim_of(ipamclaimref: &str, resourceclaimref: &str) -> Option<Claim> {
-    match (ipamclaimref, resourceclaimref) {
-        ("", "") => None,
-        ("", r) => Some(Claim::ResourceClaim(r.to_string())),
-        (r, _) => Some(Claim::IpamClaim(r.to_string())),
-    }
-}
+/// The claim [`claim_fields`] recorded (an IPAMClaim when both are set): the
+/// engine's reading, which `IPPool` entries and reservations share.
+pub use thereabouts_allocator::objects::claim_of;
 
 /// How the document is laid out: for people reading a node's files, or small.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

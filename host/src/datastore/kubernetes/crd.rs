@@ -14,8 +14,9 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value, json};
 use thereabouts_allocator::attachment::{Holder, Ifname, owns_record};
 use thereabouts_allocator::model::{Allocation, Claim};
+use thereabouts_allocator::objects;
 
-use crate::datastore::pool_document::{claim_fields, claim_of, entry_value};
+use crate::datastore::pool_document::{claim_fields, entry_value};
 
 pub const GROUP: &str = "whereabouts.cni.cncf.io";
 pub const VERSION: &str = "v1alpha1";
@@ -160,48 +161,29 @@ pub struct PoolObject {
     pub unparsable: Vec<String>,
 }
 
-/// An allocation key: a decimal offset. whereabouts reads keys as signed 64-bit
-/// numbers and uses them as unsigned, so a negative key (written by versions
-/// before v0.5) names offset `2^64 + key`.
-pub fn parse_key(key: &str) -> Option<u128> {
-    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
-        return None;
-    }
-    match key.parse::<u128>() {
-        Ok(offset) => Some(offset),
-        Err(_) => key.parse::<i64>().ok().filter(|k| *k < 0).map(|k| u128::from(k as u64)),
-    }
-}
+/// An allocation key: a decimal offset (the engine's decoder, shared with
+/// `thereabouts preview --from-objects` and the playground).
+pub use thereabouts_allocator::objects::parse_key;
 
-/// Reads an `IPPool` object (a GET's or PATCH's answer).
+/// Reads an `IPPool` object (a GET's or PATCH's answer): the engine's decoding
+/// of its entries ([`objects::pool_entries`]), with what a patch needs beside
+/// them (the resourceVersion, each entry's key and stored `id`).
 pub fn parse_pool(object: &Value) -> Result<PoolObject, String> {
     let resource_version =
         object.pointer("/metadata/resourceVersion").and_then(Value::as_str).filter(|v| !v.is_empty()).ok_or("it has no metadata.resourceVersion")?.to_string();
-    let spec = object.get("spec").and_then(Value::as_object);
-    let range = spec.and_then(|s| s.get("range")).and_then(Value::as_str).map(str::to_string);
-    let mut pool = PoolObject { resource_version, range, ..PoolObject::default() };
-    match spec.and_then(|s| s.get("allocations")) {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(allocations)) => {
-            pool.has_allocations = true;
-            for (key, entry) in allocations {
-                let Some(offset) = parse_key(key) else {
-                    pool.unparsable.push(key.clone());
-                    continue;
-                };
-                if pool.keys.contains_key(&offset) {
-                    // `5` and `05`: one address, the first key wins.
-                    pool.unparsable.push(key.clone());
-                    continue;
-                }
-                let field = |name: &str| entry.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
-                let claim = claim_of(&field("ipamclaimref"), &field("resourceclaimref"));
-                pool.entries.push(Allocation { offset, container_id: field("id"), pod_ref: field("podref"), ifname: field("ifname"), claim });
-                pool.keys.insert(offset, key.clone());
-                pool.ids.insert(offset, entry.get("id").cloned().unwrap_or(Value::Null));
-            }
-        }
-        Some(_) => return Err("spec.allocations is not an object".into()),
+    let decoded = objects::pool_entries(object).map_err(|e| e.to_string())?;
+    let mut pool = PoolObject {
+        resource_version,
+        range: decoded.range.map(str::to_string),
+        has_allocations: decoded.has_allocations,
+        unparsable: decoded.unparsable,
+        ..PoolObject::default()
+    };
+    for keyed in decoded.entries {
+        let offset = keyed.entry.offset;
+        pool.keys.insert(offset, keyed.key.to_string());
+        pool.ids.insert(offset, keyed.stored.get("id").cloned().unwrap_or(Value::Null));
+        pool.entries.push(keyed.entry);
     }
     Ok(pool)
 }
@@ -222,15 +204,15 @@ pub struct ReservationObject {
 }
 
 pub fn parse_reservation(object: &Value) -> ReservationObject {
-    let text = |pointer: &str| object.pointer(pointer).and_then(Value::as_str).unwrap_or_default().to_string();
+    let r = objects::reservation(object);
     ReservationObject {
-        name: text("/metadata/name"),
-        uid: text("/metadata/uid"),
-        resource_version: text("/metadata/resourceVersion"),
-        podref: text("/spec/podref"),
-        ifname: text("/spec/ifname"),
-        containerid: text("/spec/containerid"),
-        claim: claim_of(&text("/spec/ipamclaimref"), &text("/spec/resourceclaimref")),
+        name: r.name,
+        uid: r.uid,
+        resource_version: r.resource_version,
+        podref: r.podref,
+        ifname: r.ifname,
+        containerid: r.containerid,
+        claim: r.claim,
     }
 }
 

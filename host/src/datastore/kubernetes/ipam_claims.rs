@@ -27,10 +27,11 @@ pub fn claim_path(namespace: &str, name: &str, status: bool) -> String {
     format!("/apis/k8s.cni.cncf.io/v1alpha1/namespaces/{}/ipamclaims/{}{sub}", crd::escape(namespace), crd::escape(name))
 }
 
-/// The state of a claim object as the apiserver returns it.
+/// The state of a claim object as the apiserver returns it (the engine's
+/// reading, shared with `preview --from-objects`).
 pub fn parse_claim(object: &Value) -> IpamClaimState {
-    let ips = object.pointer("/status/ips").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect());
-    IpamClaimState { ips: ips.unwrap_or_default(), owner_pod: object.pointer("/status/ownerPod/name").and_then(Value::as_str).unwrap_or_default().to_string() }
+    let status = thereabouts_allocator::objects::ipam_claim_status(object);
+    IpamClaimState { ips: status.ips, owner_pod: status.owner_pod }
 }
 
 /// A `status` merge patch: `ips` when given, `ownerPod`, and one condition
