@@ -5,6 +5,7 @@
 //! is the `thereabouts-allocator-component` crate in `component/`).
 
 pub mod attachment;
+pub mod cluster;
 pub mod cni_args;
 pub mod config;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod slices;
 pub mod warnings;
 mod wit_convert;
 
+pub use cluster::cluster_pools;
 pub use config::{flat_file_paths, normalize};
 pub use error::ConfigError;
 pub use model::*;

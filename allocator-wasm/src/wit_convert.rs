@@ -486,6 +486,80 @@ macro_rules! wit_conversions {
                     failure: t.failure.map(|f| model::PreviewFailure { range_index: f.range_index, exhausted: f.exhausted, rejected: f.rejected }),
                 }
             }
+
+            pub fn cluster_to_wit(c: $crate::cluster::ClusterState) -> wit::ClusterState {
+                use $crate::cluster as c_;
+                wit::ClusterState {
+                    pools: c.pools.iter().map(pool_to_wit).collect(),
+                    entries: c
+                        .entries
+                        .into_iter()
+                        .map(|e: c_::ClusterEntry| wit::ClusterEntry {
+                            range_index: e.range_index,
+                            pool_object: e.pool_object,
+                            ip: e.ip,
+                            allocation: allocation_to_wit(&e.allocation),
+                        })
+                        .collect(),
+                    reserved: c
+                        .reserved
+                        .into_iter()
+                        .map(|r: c_::ReservedAddress| wit::ReservedAddress {
+                            range_index: r.range_index,
+                            ip: r.ip,
+                            name: r.name,
+                            pod_ref: r.pod_ref,
+                            claim: r.claim.as_ref().map(claim_to_wit),
+                        })
+                        .collect(),
+                    ipam_claims: c
+                        .ipam_claims
+                        .into_iter()
+                        .map(|i: c_::IpamClaimFound| wit::IpamClaimFound {
+                            name: i.name,
+                            network: i.network,
+                            interface: i.interface,
+                            ips: i.ips,
+                            owner_pod: i.owner_pod,
+                        })
+                        .collect(),
+                    ignored: c.ignored.into_iter().map(|i: c_::IgnoredObject| wit::IgnoredObject { kind: i.kind, name: i.name, reason: i.reason }).collect(),
+                }
+            }
+
+            pub fn cluster_from_wit(c: wit::ClusterState) -> $crate::cluster::ClusterState {
+                use $crate::cluster as c_;
+                c_::ClusterState {
+                    pools: c.pools.into_iter().map(pool_from_wit).collect(),
+                    entries: c
+                        .entries
+                        .into_iter()
+                        .map(|e| c_::ClusterEntry {
+                            range_index: e.range_index,
+                            pool_object: e.pool_object,
+                            ip: e.ip,
+                            allocation: allocation_from_wit(e.allocation),
+                        })
+                        .collect(),
+                    reserved: c
+                        .reserved
+                        .into_iter()
+                        .map(|r| c_::ReservedAddress {
+                            range_index: r.range_index,
+                            ip: r.ip,
+                            name: r.name,
+                            pod_ref: r.pod_ref,
+                            claim: r.claim.map(claim_from_wit),
+                        })
+                        .collect(),
+                    ipam_claims: c
+                        .ipam_claims
+                        .into_iter()
+                        .map(|i| c_::IpamClaimFound { name: i.name, network: i.network, interface: i.interface, ips: i.ips, owner_pod: i.owner_pod })
+                        .collect(),
+                    ignored: c.ignored.into_iter().map(|i| c_::IgnoredObject { kind: i.kind, name: i.name, reason: i.reason }).collect(),
+                }
+            }
         }
     };
 }

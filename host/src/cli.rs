@@ -55,6 +55,10 @@ pub enum CliCommand {
         /// Start from the allocations in the configured datastore (read-only) instead of empty pools
         #[arg(long)]
         from_datastore: bool,
+        /// Start from a cluster's state in FILE: the JSON of `kubectl get
+        /// ippools,overlappingrangeipreservations,nodeslicepools,ipamclaims -o json`
+        #[arg(long, value_name = "FILE", conflicts_with = "from_datastore")]
+        from_objects: Option<PathBuf>,
         /// With `policies`: the pods' namespace (pod i is NAMESPACE/PREFIXi, from 0)
         #[arg(long, default_value = "default")]
         namespace: String,
@@ -246,9 +250,14 @@ pub enum Output {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        CliCommand::Preview { config, pods, output, from_datastore, namespace, pod_prefix, labels } => {
+        CliCommand::Preview { config, pods, output, from_datastore, from_objects, namespace, pod_prefix, labels } => {
             let labels = crate::policy::tools::labels_of(&labels)?;
-            preview(&config, pods, output, from_datastore, &PodNames { namespace: &namespace, prefix: &pod_prefix, labels: &labels })
+            let start = match from_objects {
+                Some(file) => Start::Objects(file),
+                None if from_datastore => Start::Datastore,
+                None => Start::Empty,
+            };
+            preview(&config, pods, output, start, &PodNames { namespace: &namespace, prefix: &pod_prefix, labels: &labels })
         }
         CliCommand::Pools { config, output, check: false } => pools(&config, output),
         CliCommand::Pools { config, output, check: true } => finish(check(&config, output)),
@@ -384,14 +393,25 @@ fn policy_preview_report(config: &NormalizedConfig, rows: Vec<crate::policy::pre
     report
 }
 
-fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool, names: &PodNames) -> Result<()> {
+/// The pools a preview starts from.
+enum Start {
+    Empty,
+    /// The configured datastore, read once.
+    Datastore,
+    /// A cluster's objects in a file (`kubectl get ... -o json`).
+    Objects(PathBuf),
+}
+
+fn preview(path: &Path, pods: u32, output: Output, start: Start, names: &PodNames) -> Result<()> {
     let mut engine = EngineComponent::load()?;
     let config = load_config(&mut engine, path)?;
-    let pools = if from_datastore {
-        let store = datastore::open(&config.datastore, &config.name)?;
-        ipam::pool_states(store.as_ref(), &config, command_deadline())?
-    } else {
-        Vec::new()
+    let pools = match start {
+        Start::Empty => Vec::new(),
+        Start::Datastore => {
+            let store = datastore::open(&config.datastore, &config.name)?;
+            ipam::pool_states(store.as_ref(), &config, command_deadline())?
+        }
+        Start::Objects(file) => pools_of_objects(&mut engine, &config, &file, output)?,
     };
     let report = if config.policies.is_empty() {
         let previewed = engine.preview(&config, &pools, pods)?;
@@ -431,6 +451,29 @@ fn preview(path: &Path, pods: u32, output: Output, from_datastore: bool, names: 
         }
     }
     Ok(())
+}
+
+/// The config's pools in a cluster's objects, read by the engine as the
+/// playground reads a pasted dump. What it left out goes to stderr (with
+/// `--output table`), so that a dump of another network is noticed.
+fn pools_of_objects(engine: &mut EngineComponent, config: &NormalizedConfig, file: &Path, output: Output) -> Result<Vec<thereabouts_allocator::PoolState>> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let state = engine.cluster_pools(config, &text)?.with_context(|| format!("in {} (the JSON of `kubectl get ... -o json`)", file.display()))?;
+    if output == Output::Table {
+        let claims = state.entries.iter().filter(|e| e.allocation.claim.is_some()).count();
+        eprintln!(
+            "{}: {} entries ({claims} owned by a claim), {} other reservations, {} IPAMClaims; {} objects ignored",
+            file.display(),
+            state.entries.len(),
+            state.reserved.len(),
+            state.ipam_claims.len(),
+            state.ignored.len()
+        );
+        for ignored in &state.ignored {
+            eprintln!("  ignored {} {}: {}", ignored.kind, ignored.name, ignored.reason);
+        }
+    }
+    Ok(state.pools)
 }
 
 /// A pod's failure, else what the policies refused (`-`: nothing).

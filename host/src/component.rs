@@ -3,6 +3,7 @@
 //! so the rest of the host never sees WIT-generated types.
 
 use anyhow::{Context, Result};
+use thereabouts_allocator::cluster::ClusterState;
 use thereabouts_allocator::{ConfigError, model};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store};
@@ -168,6 +169,12 @@ impl EngineComponent {
         let api = self.instance.thereabouts_ipam_engine();
         let pools: Vec<_> = pools.iter().map(pool_to_wit).collect();
         Ok(table_from_wit(api.call_preview(&mut self.store, &config_to_wit(config), &pools, pods)?))
+    }
+
+    /// The config's pools in a cluster's objects (`kubectl get ... -o json`); see `cluster-pools` in the WIT.
+    pub fn cluster_pools(&mut self, config: &model::NormalizedConfig, objects: &str) -> Result<Result<ClusterState, ConfigError>> {
+        let api = self.instance.thereabouts_ipam_engine();
+        Ok(api.call_cluster_pools(&mut self.store, &config_to_wit(config), objects)?.map(cluster_from_wit).map_err(error_from_wit))
     }
 }
 

@@ -777,6 +777,46 @@ fn cli_preview_pools_and_engine_component() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("missing.conf"));
 }
 
+/// `preview --from-objects`: the next pods of a cluster from its objects as
+/// `kubectl get ... -o json` prints them, read by the engine's `cluster-pools`
+/// (pods' entries, a claim's entry and another network's reservation taken).
+#[test]
+fn cli_preview_from_a_clusters_objects() {
+    let scratch = Scratch::new("cli-objects");
+    let config_path = scratch.path("net.conf");
+    let config = net("1.0.0", json!({"type": "whereabouts", "range": "192.0.2.0/28", "network_name": "blue"}));
+    std::fs::write(&config_path, config).unwrap();
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool", "metadata": {"name": "blue-192.0.2.0-28", "namespace": "kube-system"},
+         "spec": {"range": "192.0.2.0/28", "allocations": {
+            "1": {"id": "c1", "podref": "ns/a", "ifname": "net1"},
+            "2": {"id": "c2", "podref": "ns/virt-launcher-vm", "ifname": "net1", "ipamclaimref": "ns/vm.blue"}}}},
+        {"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "OverlappingRangeIPReservation",
+         "metadata": {"name": "blue-192.0.2.3", "namespace": "kube-system"}, "spec": {"podref": "ns/racer", "ifname": "net1"}},
+        {"apiVersion": "k8s.cni.cncf.io/v1alpha1", "kind": "IPAMClaim", "metadata": {"name": "vm.blue", "namespace": "ns"}, "spec": {"network": "blue", "interface": "net1"}}]});
+    let objects_path = scratch.path("cluster.json");
+    std::fs::write(&objects_path, objects.to_string()).unwrap();
+    let cli = |args: &[&str]| Command::new(binary()).env_clear().args(args).output().unwrap();
+    let (config, file) = (config_path.to_str().unwrap(), objects_path.to_str().unwrap());
+
+    let out = cli(&["preview", "--config", config, "--from-objects", file, "--pods", "2", "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pods"], json!([{"pod": 1, "addresses": ["192.0.2.4/28"]}, {"pod": 2, "addresses": ["192.0.2.5/28"]}]));
+    let table = cli(&["preview", "--config", config, "--from-objects", file]);
+    let stderr = String::from_utf8_lossy(&table.stderr);
+    assert!(stderr.contains("2 entries (1 owned by a claim), 1 other reservations, 1 IPAMClaims"), "{stderr}");
+
+    // A dump that is not one names what is wrong, and where.
+    std::fs::write(&objects_path, r#"{"kind": "List", "items": [{"kind": "IPPool", "metadata": {"name": "blue-192.0.2.0-28"}, "spec": {"allocations": []}}]}"#)
+        .unwrap();
+    let out = cli(&["preview", "--config", config, "--from-objects", file]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("spec.allocations is not an object") && stderr.contains("cluster.json"), "{stderr}");
+    let out = cli(&["preview", "--config", config, "--from-objects", file, "--from-datastore"]);
+    assert!(!out.status.success(), "one start only");
+}
+
 /// Every CLI verb that reads a config says what is wrong with it once: the
 /// error's causes are not printed again after its own message.
 #[test]

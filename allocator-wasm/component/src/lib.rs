@@ -102,6 +102,11 @@ impl Guest for Component {
             },
         }
     }
+
+    fn cluster_pools(config: wit::NormalizedConfig, objects: String) -> Result<wit::ClusterState, wit::ConfigError> {
+        let config = config_from_wit(config).map_err(error_to_wit)?;
+        thereabouts_allocator::cluster_pools(&config, &objects).map(cluster_to_wit).map_err(error_to_wit)
+    }
 }
 
 export!(Component);
