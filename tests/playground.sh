@@ -31,7 +31,7 @@ for _ in $(seq 1 50); do
 done
 
 echo "=== Node unit tests of lib/*.js (on the transpiled engine)"
-node --test web-playground/tests/nad.test.mjs web-playground/tests/model.test.mjs web-playground/tests/policies.test.mjs
+node --test web-playground/tests/nad.test.mjs web-playground/tests/model.test.mjs web-playground/tests/cluster.test.mjs web-playground/tests/policies.test.mjs
 
 echo "=== browser tests (http://127.0.0.1:$port/)"
 PLAYGROUND_URL="http://127.0.0.1:$port/" \

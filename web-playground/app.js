@@ -6,6 +6,7 @@ import { previewWithPolicies, podsJson, MAX_POLICY_PODS } from './lib/policies.j
 import { PolicyRunner, deadlineOf } from './lib/policy-runner.js';
 import { PolicySources } from './lib/policy-sources.js';
 import { addPolicy, usesFile, fileNameOf, parseLabels, PolicyEditError, POLICY_DIR } from './lib/config-policies.js';
+import { readCluster, ownerOf, MAX_SHARED_CLUSTER } from './lib/cluster.js';
 
 const $ = (id) => document.getElementById(id);
 const els = {
@@ -19,18 +20,22 @@ const els = {
   engineInfo: $('engine-info'), churnBox: $('churn-box'),
   policyExample: $('policy-example'), policyFile: $('policy-file'), policyStatus: $('policy-status'), policyList: $('policy-list'),
   podNamespace: $('pod-namespace'), podPrefix: $('pod-prefix'), podLabels: $('pod-labels'),
+  cluster: $('cluster'), clusterBox: $('cluster-box'), clusterSection: $('cluster-section'), clusterSummary: $('cluster-summary'),
+  clusterEntries: $('cluster-entries').tBodies[0], clusterMore: $('cluster-more'),
 };
 
 const CODE_NAMES = { 1: 'incompatible CNI version', 4: 'invalid environment variables', 6: 'undecodable content', 7: 'invalid network configuration' };
 const ROWS_PER_CHUNK = 250;   // rows per content-visibility chunk
 const ROW_PX = 28;            // estimated row height, for chunks not yet laid out
 const MAX_CHURN_ADD = 200;    // each added pod is one plan-all call over the whole pools (~6 ms at 10 000 pods)
+const MAX_CLUSTER_ROWS = 1000; // entries listed in "In the cluster" (all of them count)
 
 let engine = null;
 let sim = null;          // the current Simulation, or null when the config is broken
 let churnSteps = [];     // [[deleteText, addCount], ...] applied since the last preview, for the link
 let baseWarnings = [];
 let lastHash = '';
+let clusterShared = true; // whether the link carries the pasted cluster state (small enough)
 // Policies run in a worker (lib/policy-runner.js); a preview with policies is
 // asynchronous, and a newer one supersedes it (policyRun counts them).
 const runner = new PolicyRunner(new URL('./policy-worker.js', import.meta.url));
@@ -61,6 +66,11 @@ function currentHash() {
   for (const [k, [v, dflt]] of Object.entries(identity)) if (v !== dflt) params.set(k, v);
   if (churnSteps.length) params.set('churn', churnSteps.map(([d, a]) => `${d.replace(/\s+/g, '')}~${a}`).join('|'));
   params.set('config', toBase64Url(els.config.value));
+  // The pasted cluster state only when small: a link of a whole cluster's
+  // pools would be too long to share (and browsers cap URLs).
+  const cluster = els.cluster.value.trim() ? toBase64Url(els.cluster.value) : '';
+  clusterShared = cluster.length <= MAX_SHARED_CLUSTER;
+  if (cluster && clusterShared) params.set('cluster', cluster);
   return '#' + params.toString();
 }
 
@@ -77,6 +87,9 @@ function readHash() {
   if (encoded === null) return false;
   try {
     els.config.value = fromBase64Url(encoded);
+    const cluster = params.get('cluster');
+    els.cluster.value = cluster === null ? '' : fromBase64Url(cluster);
+    if (cluster !== null) els.clusterBox.open = true;
   } catch {
     showErrors([{ field: '#config', message: 'The link\'s config could not be decoded (was it cut short?).', source: 'playground' }]);
     return true;
@@ -141,13 +154,19 @@ function compute() {
   }
   const config = result.config;
   lastConfig = config;
-  baseWarnings = configWarnings(engine, config);
-  renderPolicyList(config);
-  if (config.policies.length) {
-    startPolicyPreview(config, text);
+  const cluster = readCluster(engine, config, els.cluster.value);
+  if (cluster?.error) {
+    showBroken([cluster.error]);
     return null;
   }
-  sim = new Simulation(engine, config, podCount());
+  baseWarnings = configWarnings(engine, config);
+  renderPolicyList(config);
+  renderCluster(config, cluster);
+  if (config.policies.length) {
+    startPolicyPreview(config, text, cluster);
+    return null;
+  }
+  sim = new Simulation(engine, config, podCount(), cluster);
   els.churnBox.hidden = false;
   const t1 = performance.now();
   showErrors([]);
@@ -170,7 +189,7 @@ function identity() {
 }
 
 /** Pods planned one at a time through the policies (in the worker), then rendered. */
-function startPolicyPreview(config, text) {
+function startPolicyPreview(config, text, cluster) {
   const run = policyRun;
   const count = Math.min(podCount(), MAX_POLICY_PODS);
   let who;
@@ -195,7 +214,7 @@ function startPolicyPreview(config, text) {
   const capped = count < podCount() ? ` (at most ${fmt(MAX_POLICY_PODS)} with policies)` : '';
   els.summary.textContent = `Running ${config.policies.length} polic${config.policies.length === 1 ? 'y' : 'ies'} for ${fmt(count)} pods${capped}…`;
   previewWithPolicies({
-    engine, config, count, identity: who, host: sources.hostFor(config.policies),
+    engine, config, count, identity: who, host: sources.hostFor(config.policies), cluster,
     cancelled: () => run !== policyRun,
     progress: (done) => { if (run === policyRun && done % 10 === 0) els.summary.textContent = `Planned ${fmt(done)} of ${fmt(count)} pods with the policies…`; },
   }).then((result) => {
@@ -270,6 +289,7 @@ function showBroken(errors) {
   policyRun++;
   showErrors(errors);
   els.rangesSection.hidden = true;
+  els.clusterSection.hidden = true;
   els.warningsSection.hidden = true;
   els.previewSection.hidden = true;
   els.podsBody.innerHTML = '';
@@ -282,6 +302,7 @@ function showErrors(errors) {
       plugin: 'The plugin rejects this config:',
       entry: `Also wrong (this ipRanges entry checked on its own):`,
       yaml: 'Could not read the NetworkAttachmentDefinition:',
+      cluster: 'Could not read the cluster state:',
       playground: 'Playground:',
     }[e.source] || '';
     const code = e.code ? `<span class="code">CNI error ${e.code}${CODE_NAMES[e.code] ? ' (' + CODE_NAMES[e.code] + ')' : ''}</span>` : '';
@@ -315,12 +336,53 @@ function renderRanges(config, text) {
   }
 }
 
+/**
+ * What the pasted cluster holds for the config (the engine's `cluster-state`):
+ * every entry with its owner (a pod, an IPAMClaim, a DRA ResourceClaim), the
+ * addresses other reservations take, the IPAMClaims, what was ignored.
+ */
+function renderCluster(config, cluster) {
+  els.clusterSection.hidden = !cluster;
+  if (!cluster) return;
+  const claims = cluster.entries.filter((e) => e.allocation.claim).length;
+  els.clusterSummary.textContent = `${fmt(cluster.entries.length)} entr${cluster.entries.length === 1 ? 'y' : 'ies'} in this config's pools (${fmt(claims)} owned by a claim), ` +
+    `${fmt(cluster.reserved.length)} other reservation${cluster.reserved.length === 1 ? '' : 's'}, ${fmt(cluster.ipamClaims.length)} IPAMClaim${cluster.ipamClaims.length === 1 ? '' : 's'}, ` +
+    `${fmt(cluster.ignored.length)} object${cluster.ignored.length === 1 ? '' : 's'} ignored. The pods below come after them.`;
+  els.clusterEntries.innerHTML = cluster.entries.slice(0, MAX_CLUSTER_ROWS).map((e) => {
+    const a = e.allocation;
+    const owner = ownerOf(a.claim);
+    const range = config.ranges[e.rangeIndex];
+    return `<tr data-owner="${owner.kind}" data-ip="${esc(e.ip)}"><td>${e.rangeIndex + 1}: ${esc(range.cidr)}</td><td>${esc(e.ip)}</td>` +
+      `<td>${a.podRef ? esc(a.podRef) : '<span class="hint">none</span>'}</td><td>${esc(a.ifname)}</td>` +
+      `<td class="owner owner-${owner.kind}">${esc(owner.text)}</td><td>${esc(e.poolObject)}</td></tr>`;
+  }).join('');
+  const more = [];
+  if (cluster.entries.length > MAX_CLUSTER_ROWS) more.push(`<p class="hint">The first ${fmt(MAX_CLUSTER_ROWS)} entries are listed; all of them count.</p>`);
+  const list = (id, title, items) => items.length ? `<h3>${title}</h3><ul id="${id}">${items.join('')}</ul>` : '';
+  more.push(list('cluster-reserved', 'Reserved by other reservations', cluster.reserved.map((r) =>
+    `<li data-ip="${esc(r.ip)}"><code>${esc(r.ip)}</code> (range ${r.rangeIndex + 1}): reservation ${esc(r.name)}` +
+    `${r.podRef ? ` of ${esc(r.podRef)}` : ''}${r.claim ? `, ${esc(ownerOf(r.claim).text)}` : ''}</li>`)));
+  more.push(list('cluster-claims', 'IPAMClaims', cluster.ipamClaims.map((c) => {
+    const held = cluster.entries.filter((e) => e.allocation.claim?.tag === 'ipam-claim' && e.allocation.claim.val === c.name).map((e) => e.ip);
+    return `<li data-claim="${esc(c.name)}"><code>${esc(c.name)}</code>${c.network ? ` network ${esc(c.network)}` : ''}${c.interface ? ` interface ${esc(c.interface)}` : ''}` +
+      `${c.ips.length ? ` · status.ips ${esc(c.ips.join(', '))}` : ''}${c.ownerPod ? ` · owner pod ${esc(c.ownerPod)}` : ''}` +
+      ` · ${held.length ? `holds ${esc(held.join(', '))} in this config's pools` : 'holds nothing in this config\'s pools'}</li>`;
+  })));
+  more.push(list('cluster-ignored', 'Ignored', cluster.ignored.map((i) =>
+    `<li>${esc(i.kind || '(no kind)')} ${esc(i.name)}: ${esc(i.reason)}</li>`)));
+  els.clusterMore.innerHTML = more.join('');
+}
+
 function renderPreview() {
   const config = sim.config;
   const use = usage(sim);
   els.previewSection.hidden = false;
 
-  // Usage bars.
+  // Usage bars; with a pasted cluster, how much of it is the cluster's.
+  const fromCluster = config.ranges.map((_, i) => {
+    const here = (sim.cluster?.entries ?? []).filter((e) => e.rangeIndex === i);
+    return { entries: here.length, claims: here.filter((e) => e.allocation.claim).length };
+  });
   els.usage.innerHTML = config.ranges.map((r, i) => {
     const { used, usable } = use[i];
     const pct = usable === 0n ? 100 : Number((BigInt(used) * 1000000n) / usable) / 10000;
@@ -328,7 +390,7 @@ function renderPreview() {
     const full = usable > 0n && BigInt(used) >= usable;
     return `<div class="bar-row"><span class="label">${esc(r.cidr)}</span>
       <div class="bar${full ? ' full' : ''}" role="meter" aria-label="${esc(r.cidr)} usage" aria-valuemin="0" aria-valuemax="100" aria-valuenow="${Math.min(100, pct)}"><span style="width:${Math.min(100, pct)}%"></span></div>
-      <span class="figure">${fmt(used)} / ${fmt(usable)} used (${shown}%)</span></div>`;
+      <span class="figure">${fmt(used)} / ${fmt(usable)} used (${shown}%)${sim.cluster ? `, ${fmt(fromCluster[i].entries)} in the cluster (${fmt(fromCluster[i].claims)} held by claims)` : ''}</span></div>`;
   }).join('');
 
   // Warnings: the config's, and ranges that run out.
@@ -485,11 +547,12 @@ function loadExample(id) {
 async function share() {
   writeHash();
   const url = location.href;
+  const left = clusterShared ? '' : ' The pasted cluster state is too large for a link and is not in it: the link previews from empty pools.';
   try {
     await navigator.clipboard.writeText(url);
-    els.shareStatus.textContent = 'Link copied: it reproduces this view.';
+    els.shareStatus.textContent = 'Link copied: it reproduces this view.' + left;
   } catch {
-    els.shareStatus.textContent = 'The address bar now holds the link to this view.';
+    els.shareStatus.textContent = 'The address bar now holds the link to this view.' + left;
   }
 }
 
@@ -497,6 +560,7 @@ function wire() {
   els.example.insertAdjacentHTML('beforeend', EXAMPLES.map((e) => `<option value="${e.id}">${esc(e.title)}</option>`).join(''));
   els.example.addEventListener('change', () => loadExample(els.example.value));
   els.config.addEventListener('input', schedule);
+  els.cluster.addEventListener('input', schedule);
   els.config.addEventListener('keydown', (ev) => {
     if (ev.key === 'Enter' && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); runNow(); }
   });

@@ -4,6 +4,7 @@
 # engine component and embeds it; `thereabouts engine-component` writes those exact
 # bytes; jco (pinned in package-lock.json) transpiles them into web-playground/engine/.
 #
+# It copies js-yaml's ES module to web-playground/vendor/ for lib/cluster.js.
 # It also transpiles, with the same jco, every example policy (target/policies/*.wasm,
 # built by scripts/build-policies.sh when missing) into web-playground/policies/<name>/
 # plus policies/manifest.json, and bundles jco's own transpiler (js-component-bindgen,
@@ -26,7 +27,7 @@ else
 fi
 
 cd "$here"
-if [[ ! -x node_modules/.bin/jco ]]; then
+if [[ ! -x node_modules/.bin/jco || ! -f node_modules/js-yaml/dist/js-yaml.mjs ]]; then
   npm ci --no-audit --no-fund
 fi
 
@@ -42,6 +43,12 @@ sha="$(sha256sum "$tmp/engine.wasm" | cut -c1-12)"
 printf '{"component_sha256": "%s", "bytes": %s}\n' "$sha" "$(stat -c %s "$tmp/engine.wasm")" > "$tmp/engine/build-info.json"
 rm -rf "$here/engine"
 mv "$tmp/engine" "$here/engine"
+
+# js-yaml (pinned in package-lock.json), served from vendor/: the page reads a
+# pasted cluster's `kubectl get ... -o yaml` with it (lib/cluster.js). One ES
+# module file, no dependencies.
+mkdir -p "$here/vendor"
+cp node_modules/js-yaml/dist/js-yaml.mjs "$here/vendor/js-yaml.mjs"
 echo "playground engine: web-playground/engine/engine.js (component sha256 $sha…)"
 
 # The example policies, transpiled as the page transpiles a picked file

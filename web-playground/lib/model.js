@@ -81,16 +81,21 @@ export function configWarnings(engine, config) {
  * `first_available`: one address, from the first range with room).
  */
 export class Simulation {
-  constructor(engine, config, count) {
+  /**
+   * `cluster`: the engine's `cluster-state` of a pasted cluster (lib/cluster.js),
+   * whose pools the pods start from; null for empty pools.
+   */
+  constructor(engine, config, count, cluster = null) {
     this.engine = engine;
     this.config = config;
+    this.cluster = cluster;
     this.nextPod = 1;
     this.pods = [];
     this.log = [];
     const rs = config.ranges;
     // The engine's preview is bulk-shaped: one string and two integer lists
     // instead of 20 000 records (jco decodes every string and offset separately).
-    const table = engine.preview(config, [], count);
+    const table = engine.preview(config, Simulation.lower(this.basePools()), count);
     const lines = table.served > 0 ? table.addresses.split('\n') : [];
     const n = rs.length;
     for (let p = 0; p < table.served; p++) {
@@ -120,8 +125,20 @@ export class Simulation {
    * engine maps ranges onto pools and derives overlapping-range reservations.
    */
   pools() {
-    const pools = new Map();
+    const pools = this.basePools();
     for (const p of this.pods) if (Simulation.served(p)) this.hold(pools, p.cells);
+    return pools;
+  }
+
+  /**
+   * The pasted cluster's pools (entries and other reservations), as new
+   * lists the simulated pods are added to; empty without a cluster.
+   */
+  basePools() {
+    const pools = new Map();
+    for (const p of this.cluster?.pools ?? []) {
+      pools.set(p.name, { name: p.name, taken: [...p.taken], takenWide: [...p.takenWide], reserved: [...p.reserved], held: [] });
+    }
     return pools;
   }
 

@@ -233,11 +233,12 @@ export async function planPod({ engine, config, pools, subject, active, host }) 
  * committed to the simulated pools before the next; a failing pod does not
  * stop later ones. Returns a Simulation whose pods also carry `name`,
  * `refused`, `failure` and `log`; `cancelled()` true abandons the run (null).
+ * `cluster`: a pasted cluster's state to start from (see Simulation).
  */
-export async function previewWithPolicies({ engine, config, count, identity, host, cancelled = () => false, progress = () => {} }) {
-  const sim = new Simulation(engine, config, 0);
+export async function previewWithPolicies({ engine, config, count, identity, host, cluster = null, cancelled = () => false, progress = () => {} }) {
+  const sim = new Simulation(engine, config, 0, cluster);
   const prepared = await preparePolicies(config.policies, host);
-  const pools = new Map();
+  const pools = sim.basePools();
   for (let i = 0; i < count; i++) {
     if (cancelled()) return null;
     const subject = subjectOf(i, identity);

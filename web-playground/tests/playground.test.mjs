@@ -11,6 +11,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import { chromium } from 'playwright-core';
 import { EXAMPLES, BIG } from '../lib/examples.js';
 import { extractConfig } from '../lib/nad.js';
+import { dump as yamlDump } from 'js-yaml';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = resolve(here, '../..');
@@ -358,6 +359,87 @@ test('parity: the page shows the addresses `thereabouts preview --output json` p
       }
     });
   }
+  await page.close();
+});
+
+// ---------------------------------------------------------------- a pasted cluster
+
+const WHEREABOUTS = 'whereabouts.cni.cncf.io/v1alpha1';
+const ippool = (name, range, allocations) => ({ apiVersion: WHEREABOUTS, kind: 'IPPool', metadata: { name, namespace: 'kube-system' }, spec: { range, allocations } });
+const orip = (name, podref) => ({ apiVersion: WHEREABOUTS, kind: 'OverlappingRangeIPReservation', metadata: { name, namespace: 'kube-system' }, spec: { podref, ifname: 'net1' } });
+/** A cluster of network `blue`, as `kubectl get ippools,overlappingrangeipreservations,nodeslicepools,ipamclaims -o json` prints it. */
+const CLUSTER = {
+  apiVersion: 'v1', kind: 'List', items: [
+    ippool('blue-192.0.2.0-28', '192.0.2.0/28', {
+      1: { id: 'c-a', podref: 'ns/a', ifname: 'net1' },
+      2: { id: 'c-vm', podref: 'ns/virt-launcher-vm-x1', ifname: 'net1', ipamclaimref: 'ns/vm.blue' },
+      4: { id: 'c-b', podref: 'ns/b', ifname: 'net1' },
+    }),
+    ippool('blue-2001-db8---124', '2001:db8::/124', {
+      1: { id: 'c-a', podref: 'ns/a', ifname: 'net1' },
+      2: { id: 'c-vm', podref: 'ns/virt-launcher-vm-x1', ifname: 'net1', ipamclaimref: 'ns/vm.blue' },
+      3: { id: 'c-b', podref: 'ns/b', ifname: 'net1' },
+    }),
+    // The entry's own reservation, and one of an ADD whose pool write is not in yet.
+    orip('blue-192.0.2.1', 'ns/a'),
+    orip('blue-192.0.2.3', 'ns/racer'),
+    { apiVersion: 'k8s.cni.cncf.io/v1alpha1', kind: 'IPAMClaim', metadata: { name: 'vm.blue', namespace: 'ns' },
+      spec: { network: 'blue', interface: 'net1' }, status: { ips: ['192.0.2.2/28', '2001:db8::2/124'], ownerPod: { name: 'virt-launcher-vm-x1' } } },
+  ],
+};
+const CLUSTER_CONFIG = JSON.stringify({ cniVersion: '1.0.0', name: 'blue', type: 'macvlan',
+  ipam: { type: 'whereabouts', network_name: 'blue', ipRanges: [{ range: '192.0.2.0/28' }, { range: '2001:db8::/124' }] } }, null, 2);
+
+test('a pasted cluster: the next pods are `thereabouts preview --from-objects`\'s, a claim\'s entry is shown as the claim\'s', async () => {
+  const pods = 6;
+  const dir = mkdtempSync(join(tmpdir(), 'thereabouts-cluster-'));
+  let cli;
+  try {
+    writeFileSync(join(dir, 'config.json'), CLUSTER_CONFIG);
+    writeFileSync(join(dir, 'cluster.json'), JSON.stringify(CLUSTER));
+    cli = JSON.parse(execFileSync(BIN, ['preview', '--config', join(dir, 'config.json'), '--from-objects', join(dir, 'cluster.json'), '--pods', String(pods), '--output', 'json'],
+      { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+  // Around the entries (a claim's among them) and the racer's reservation, in both.
+  assert.deepEqual(cli.pods[0].addresses, ['192.0.2.5/28', '2001:db8::4/124']);
+
+  const page = await open();
+  await page.fill('#pods', String(pods));
+  await page.fill('#config', CLUSTER_CONFIG);
+  await page.click('#cluster-box summary');
+  // Pasted as kubectl prints it with -o yaml.
+  await page.fill('#cluster', yamlDump(CLUSTER));
+  await page.waitForFunction(() => !document.querySelector('#cluster-section').hidden && document.querySelector('#pods-table .pbody .prow'));
+  const shown = (await rows(page)).map((r) => r.slice(1, 3).map((a) => (a.includes('/') ? a : null)));
+  assert.deepEqual(shown, cli.pods.map((p) => p.addresses));
+
+  // The claim's entries are the claim's, the pods' the pods'; the claim lists what it holds.
+  const entries = await page.$$eval('#cluster-entries tbody tr', (trs) => trs.map((tr) => [tr.dataset.ip, tr.dataset.owner, tr.querySelector('.owner').textContent]));
+  assert.deepEqual(entries.filter(([, owner]) => owner !== 'pod'), [
+    ['192.0.2.2', 'ipam-claim', 'held by IPAMClaim ns/vm.blue'],
+    ['2001:db8::2', 'ipam-claim', 'held by IPAMClaim ns/vm.blue'],
+  ]);
+  assert.equal(entries.length, 6);
+  assert.match(await page.textContent('#cluster-claims li[data-claim="ns/vm.blue"]'), /holds 192\.0\.2\.2, 2001:db8::2/);
+  assert.deepEqual(await page.$$eval('#cluster-reserved li', (lis) => lis.map((li) => li.dataset.ip)), ['192.0.2.3']);
+  assert.match(await page.textContent('#usage'), /3 in the cluster \(1 held by claims\)/);
+
+  // The link carries the (small) pasted state: opened anew, the same view.
+  const hash = new URL(page.url()).hash;
+  assert.match(hash, /[#&]cluster=/);
+  const again = await open(hash);
+  assert.deepEqual((await rows(again)).map((r) => r.slice(1, 3)), (await rows(page)).map((r) => r.slice(1, 3)));
+  assert.equal(await again.isHidden('#cluster-section'), false);
+
+  // A dump the engine cannot read: the error names the object; no preview.
+  await page.fill('#cluster', JSON.stringify({ kind: 'List', items: [ippool('blue-192.0.2.0-28', '192.0.2.0/28', ['x'])] }));
+  await page.waitForFunction(() => !document.querySelector('#errors-section').hidden);
+  assert.match(await page.textContent('#errors'), /Could not read the cluster state:[\s\S]*objects\.items\[0\]\.spec\.allocations[\s\S]*not an object/);
+  assert.deepEqual(page.problems, []);
+  assert.deepEqual(again.problems, []);
+  await again.close();
   await page.close();
 });
 
