@@ -558,12 +558,17 @@ fn ranges_overlap(ranges: &[NormalizedRange]) -> bool {
 /// (a VM's launcher pod stops, the VM keeps its address).
 pub fn release(range: &NormalizedRange, network_name: &str, allocations: &[Allocation], attachments: &[Attachment]) -> Vec<Released> {
     // DEL and CHECK ask about one attachment, GC about every stale one: a set then.
-    // GC's many attachments speak for no claim.
-    let many: std::collections::HashSet<(&str, &str)> =
-        if attachments.len() > 1 { attachments.iter().map(|who| (who.container_id.as_str(), who.ifname.as_str())).collect() } else { Default::default() };
+    let many: std::collections::HashSet<(&str, &str, Option<&Claim>)> = if attachments.len() > 1 {
+        attachments.iter().map(|who| (who.container_id.as_str(), who.ifname.as_str(), who.claim.as_ref())).collect()
+    } else {
+        Default::default()
+    };
+    // A release ends the entries of its attachment that belong to the owner it
+    // speaks for: a pod's DEL or GC (no claim) a pod's entry; a device's
+    // release, or a GC that found an IPAMClaim gone, that claim's.
     let wanted = |a: &Allocation| match attachments {
-        [who] => a.container_id == who.container_id && a.ifname == who.ifname && releases(a.claim.as_ref(), who.claim.as_ref()),
-        _ => a.claim.is_none() && many.contains(&(a.container_id.as_str(), a.ifname.as_str())),
+        [who] => a.container_id == who.container_id && a.ifname == who.ifname && a.claim == who.claim,
+        _ => many.contains(&(a.container_id.as_str(), a.ifname.as_str(), a.claim.as_ref())),
     };
     allocations
         .iter()
@@ -571,17 +576,6 @@ pub fn release(range: &NormalizedRange, network_name: &str, allocations: &[Alloc
         .filter(|(_, a)| wanted(a))
         .map(|(i, a)| Released { index: i as u32, reservation: address_at(range, a.offset).map(|ip| reservation_name_of(&format_ip(ip), network_name)) })
         .collect()
-}
-
-/// Whether a release speaking for `asking` ends an entry `recorded` owns: a
-/// pod's DEL ends a pod's entry, a ResourceClaim device's release its own
-/// claim's; an IPAMClaim's entry ends with the claim alone.
-fn releases(recorded: Option<&Claim>, asking: Option<&Claim>) -> bool {
-    match (recorded, asking) {
-        (None, None) => true,
-        (Some(r @ Claim::ResourceClaim(_)), Some(a)) => r == a,
-        _ => false,
-    }
 }
 
 /// The address at an offset of a range's network.

@@ -246,6 +246,10 @@ fn a_devices_release_ends_its_own_entry_only() {
     assert_eq!(indices(who("eth1", device("uid-1"))), [0], "its device, not the claim's other one, nor an IPAMClaim's");
     assert!(indices(who("eth1", None)).is_empty(), "a pod's DEL with the same container ID frees nothing of the claim");
     assert!(indices(who("eth1", device("uid-2"))).is_empty(), "another claim's release frees nothing");
+    // A GC that found the IPAMClaim gone speaks for it, among other attachments.
+    let gone = Some(Claim::IpamClaim("ns/vm".into()));
+    let freed = release(&c.ranges[0], &c.network_name, &entries, &[who("eth1", gone), who("x", None)]);
+    assert_eq!(freed.into_iter().map(|r| r.index).collect::<Vec<_>>(), [2]);
 }
 
 #[test]

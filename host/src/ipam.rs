@@ -631,6 +631,7 @@ pub fn collect_garbage(
     store: &dyn Datastore,
     config: &NormalizedConfig,
     valid: &HashSet<(String, String)>,
+    claims_gone: &HashSet<model::Claim>,
     deadline: Instant,
 ) -> Result<Vec<(PoolId, Allocation)>, IpamError> {
     if store.capabilities().shared_by_nodes {
@@ -652,17 +653,22 @@ pub fn collect_garbage(
             // creator was recorded) is never freed on a guess.
             let ours: Vec<Allocation> = read.entries.iter().filter(|e| read.created_by.get(&e.offset).is_some_and(|n| **n == *config.name)).cloned().collect();
             let entries = ours.as_slice();
-            let garbage: BTreeSet<(&str, &str)> = entries
+            // A pod's entry whose attachment the runtime no longer has; a
+            // claim's whose claim is gone (its pods come and go: valid or not).
+            let garbage: BTreeSet<(&str, &str, Option<&model::Claim>)> = entries
                 .iter()
-                .filter(|e| !valid.contains(&(e.container_id.clone(), e.ifname.clone())))
-                .map(|e| (e.container_id.as_str(), e.ifname.as_str()))
+                .filter(|e| match &e.claim {
+                    None => !valid.contains(&(e.container_id.clone(), e.ifname.clone())),
+                    Some(claim) => claims_gone.contains(claim),
+                })
+                .map(|e| (e.container_id.as_str(), e.ifname.as_str(), e.claim.as_ref()))
                 .collect();
             if garbage.is_empty() {
                 continue;
             }
             let garbage: Vec<model::Attachment> = garbage
                 .into_iter()
-                .map(|(container_id, ifname)| model::Attachment { container_id: container_id.into(), ifname: ifname.into(), claim: None })
+                .map(|(container_id, ifname, claim)| model::Attachment { container_id: container_id.into(), ifname: ifname.into(), claim: claim.cloned() })
                 .collect();
             release_in(engine, config, pool, entries, &garbage, reserving, &mut changes, |entry| removed.push((pool.clone(), entry.clone())))?;
         }
@@ -714,6 +720,13 @@ pub fn pool_states(store: &dyn Datastore, config: &NormalizedConfig, deadline: I
     let pools = distinct_pools(config);
     let loaded = read_all(store, &pools, deadline)?;
     Ok(pools.iter().map(|p| pool_state(p, entries_of(&loaded, &p.name))).collect())
+}
+
+/// The claims that own entries of the config's pools.
+pub fn claims_held(store: &dyn Datastore, config: &NormalizedConfig, deadline: Instant) -> Result<std::collections::HashSet<model::Claim>, IpamError> {
+    let pools = distinct_pools(config);
+    let loaded = read_all(store, &pools, deadline)?;
+    Ok(pools.iter().flat_map(|p| entries_of(&loaded, &p.name)).filter_map(|e| e.claim.clone()).collect())
 }
 
 /// `ip/prefix` of an entry of `range`'s pool.

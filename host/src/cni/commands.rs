@@ -442,11 +442,54 @@ fn prev_result_addresses(stdin: &str) -> Result<Vec<String>, CniError> {
 fn gc(engine: &mut EngineComponent, store: &dyn Datastore, config: &NormalizedConfig, stdin: &str) -> Result<(), CniError> {
     require_version(config, Command::Gc, "1.1.0")?;
     let valid = valid_attachments(stdin)?;
-    let removed = ipam::collect_garbage(engine, store, config, &valid, deadline(retry::OTHER_BUDGET))?;
+    let deadline = deadline(retry::OTHER_BUDGET);
+    let claims_gone = ipam_claims_gone(store, config, deadline);
+    let removed = ipam::collect_garbage(engine, store, config, &valid, &claims_gone, deadline)?;
     for (pool, entry) in &removed {
         logging::verbose(format!("GC: freed offset {} in pool {} (container {} interface {})", entry.offset, pool.name, entry.container_id, entry.ifname));
     }
     Ok(())
+}
+
+/// The IPAMClaims of this node's pools that are gone: on a datastore only
+/// this node writes (the file one) no controller frees a deleted claim's
+/// addresses, so its GC does. Claims it cannot read (the API unreachable, no
+/// kubeconfig) are not gone: their addresses wait for the next GC.
+fn ipam_claims_gone(store: &dyn Datastore, config: &NormalizedConfig, deadline: Instant) -> HashSet<Claim> {
+    if !config.allow_persistent_ips || store.capabilities().shared_by_nodes {
+        return HashSet::new();
+    }
+    let named: HashSet<Claim> = match ipam::claims_held(store, config, deadline) {
+        Ok(claims) => claims.into_iter().filter(|c| matches!(c, Claim::IpamClaim(_))).collect(),
+        Err(e) => {
+            logging::error(format!("GC: reading the pools for their claims: {e}"));
+            return HashSet::new();
+        }
+    };
+    if named.is_empty() {
+        return named;
+    }
+    let api = match kubernetes_api(config) {
+        Some(Ok(api)) => api,
+        Some(Err(e)) => {
+            logging::error(format!("GC: IPAMClaims not read, their addresses kept: {e}"));
+            return HashSet::new();
+        }
+        None => return HashSet::new(),
+    };
+    named
+        .into_iter()
+        .filter(|claim| {
+            let (namespace, name) = claim.reference().split_once('/').unwrap_or(("", claim.reference()));
+            match api.ipam_claim(namespace, name, deadline) {
+                Ok(found) => found.is_none(),
+                Err(e) => {
+                    logging::error(format!("GC: IPAMClaim {namespace}/{name} not read, its addresses kept: {e}"));
+                    false
+                }
+            }
+        })
+        .collect()
 }
 
 /// `cni.dev/valid-attachments` (the spec's key since 1.1.0 was tagged) together with

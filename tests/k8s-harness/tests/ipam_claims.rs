@@ -103,7 +103,9 @@ fn the_file_and_etcd_datastores_keep_a_claims_addresses_the_same_way() {
             for n in 1..=3 {
                 launcher(&cluster, &format!("launcher-{store}-{n}"), &format!("vm-{store}")).await?;
             }
-            pods::create_labelled(&cluster, NS, &format!("plain-{store}"), &[]).await?;
+            for plain in ["", "-2", "-3"] {
+                pods::create_labelled(&cluster, NS, &format!("plain-{store}{plain}"), &[]).await?;
+            }
         }
         anyhow::Ok(())
     })
@@ -127,6 +129,17 @@ fn the_file_and_etcd_datastores_keep_a_claims_addresses_the_same_way() {
         assert_eq!(add(&conf, &format!("plain-{store}"), "c-plain"), ["192.0.2.2/24"], "{store}: the claim's address is still taken");
         assert_eq!(add(&conf, &launcher(3), "c3"), first, "{store}: restarted");
         assert_eq!(claim(&objects, &format!("vm-{store}.blue"))["status"]["ownerPod"]["name"], json!(launcher(3)));
+        if store == "file" {
+            // No controller serves the file datastore: its GC frees a deleted claim's addresses, and only then.
+            let mut gc = conf.clone();
+            gc["cni.dev/valid-attachments"] = json!([{"containerID": "c-plain", "ifname": "net1"}]);
+            Call::global("GC").run(&thereabouts_bin(), &gc.to_string()).expect_ok("GC while the claim exists");
+            assert_eq!(add(&conf, "plain-file-2", "c-plain-2"), ["192.0.2.3/24"], "file: the claim's address kept by GC");
+            objects.delete_at(CLAIMS, "ipamclaims", "vm-file.blue").unwrap();
+            gc["cni.dev/valid-attachments"] = json!([{"containerID": "c-plain", "ifname": "net1"}, {"containerID": "c-plain-2", "ifname": "net1"}]);
+            Call::global("GC").run(&thereabouts_bin(), &gc.to_string()).expect_ok("GC after the claim's deletion");
+            assert_eq!(add(&conf, "plain-file-3", "c-plain-3"), first, "file: the deleted claim's address freed by GC");
+        }
     }
 }
 
