@@ -203,3 +203,28 @@ fn a_config_the_engine_did_not_produce_is_a_config_error() {
     let err = engine.usage(&config, &[]).unwrap_err();
     assert!(format!("{err:#}").contains("nonsense"), "{err:#}");
 }
+
+/// `cluster-pools` crosses the boundary whole: the component's answer (pools,
+/// entries with their claims, reservations, IPAMClaims, what it ignored) is
+/// the native engine's, and so is its error on a pool that is no map.
+#[test]
+fn cluster_pools_through_the_component_are_the_native_engines() {
+    let mut engine = engine();
+    let config =
+        native::normalize(r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"thereabouts","range":"2001:db8::/64","network_name":"blue"}}"#, None, "")
+            .unwrap();
+    let objects = serde_json::json!({"kind": "List", "items": [
+        {"kind": "IPPool", "metadata": {"name": "blue-2001-db8---64"}, "spec": {"range": "2001:db8::/64", "allocations": {
+            "1": {"id": "a", "podref": "ns/a", "ifname": "net1"},
+            "-1": {"id": "vm", "podref": "ns/launcher", "ifname": "net1", "ipamclaimref": "ns/vm"},
+            "2": {"id": "dev", "podref": "ns/b", "ifname": "eth1", "resourceclaimref": "0f1e"}}}},
+        {"kind": "OverlappingRangeIPReservation", "metadata": {"name": "blue-2001-db8--9"}, "spec": {"podref": "ns/x"}},
+        {"kind": "IPAMClaim", "metadata": {"name": "vm", "namespace": "ns"}, "spec": {"network": "blue", "interface": "net1"}},
+        {"kind": "Pod", "metadata": {"name": "p"}}]})
+    .to_string();
+    let through = engine.cluster_pools(&config, &objects).unwrap().unwrap();
+    assert_eq!(through, native::cluster_pools(&config, &objects).unwrap());
+    assert_eq!((through.entries.len(), through.reserved.len(), through.ipam_claims.len(), through.ignored.len()), (3, 1, 1, 1));
+    let bad = r#"{"kind": "IPPool", "metadata": {"name": "blue-2001-db8---64"}, "spec": {"allocations": 1}}"#;
+    assert_eq!(engine.cluster_pools(&config, bad).unwrap().unwrap_err(), native::cluster_pools(&config, bad).unwrap_err());
+}
