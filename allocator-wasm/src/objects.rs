@@ -14,6 +14,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::attachment::{Holder, Ifname, owns_record};
 use crate::model::{Allocation, Claim};
 
 /// An object that cannot be read as whereabouts writes it.
@@ -137,6 +138,33 @@ pub fn reservation(object: &Value) -> Reservation {
         ifname: text(spec, "ifname"),
         containerid: text(spec, "containerid"),
         claim: claim_of(&text(spec, "ipamclaimref"), &text(spec, "resourceclaimref")),
+    }
+}
+
+impl Reservation {
+    /// Whether the reservation belongs to `holder`'s attachment (see
+    /// [`owns_record`]: the same pod attachment, or the same claim);
+    /// whereabouts before v0.8.0 wrote no interface.
+    pub fn is_held_by(&self, holder: &Allocation) -> bool {
+        let recorded = Holder { container_id: &self.containerid, pod_ref: &self.podref, ifname: &self.ifname };
+        owns_record(recorded, self.claim.as_ref(), holder.holder(), holder.claim.as_ref(), Ifname::MayBeMissing)
+    }
+
+    /// Whether an ADD planning a fresh entry for `holder` may take this existing
+    /// reservation as its own: held by `holder`'s attachment and made by the same
+    /// container (a retried ADD), or by whereabouts, whose reservations name no
+    /// container and which reuses one of the same pod the same way. One made by
+    /// another container of the pod is not taken: the pool as read holds no entry
+    /// of the pod there, so that container's DEL has removed it and is about to
+    /// delete the reservation, or its ADD failed and its DEL will free it.
+    pub fn is_adoptable_by(&self, holder: &Allocation) -> bool {
+        self.is_held_by(holder) && (self.containerid.is_empty() || self.containerid == holder.container_id)
+    }
+
+    /// Whether this exact attachment (container ID and interface) made it: what
+    /// a DEL may free even though no pool entry leads to it.
+    pub fn is_made_by(&self, container_id: &str, ifname: &str) -> bool {
+        self.containerid == container_id && self.ifname == ifname
     }
 }
 

@@ -16,6 +16,7 @@ pub mod cni;
 pub mod component;
 pub mod controller;
 pub mod datastore;
+pub mod http_reply;
 pub mod ipam;
 pub mod json;
 pub mod logging;

@@ -10,17 +10,17 @@ use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::header::{ALLOW, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use super::metrics::Metrics;
+use crate::http_reply::{TEXT, reply};
 
 pub const DEFAULT_ADDRESS: &str = "0.0.0.0:9402";
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-const TEXT: &str = "text/plain; charset=utf-8";
 
 /// Whether the controller is ready, shared between the controller (which sets it) and
 /// `/readyz` (which reads it). Cheap to clone.
@@ -94,13 +94,6 @@ fn respond(request: &Request<Incoming>, metrics: &Metrics, health: &Health) -> R
         }
         _ => reply(StatusCode::OK, TEXT, "ok\n".to_string()),
     }
-}
-
-fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
 }
 
 #[cfg(test)]

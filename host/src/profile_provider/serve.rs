@@ -11,13 +11,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::Provider;
 use super::wire::Refusal;
+use crate::http_reply::{JSON, TEXT, reply};
 
 /// DRANET's request bodies are a few hundred bytes; this bounds a stray client.
 const BODY_LIMIT: usize = 1 << 20;
@@ -155,18 +155,11 @@ fn refusal(refused: Refusal) -> Response<Full<Bytes>> {
 }
 
 fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    reply(status, "application/json", body)
+    reply(status, JSON, body)
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    reply(status, "text/plain; charset=utf-8", body)
-}
-
-fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
+    reply(status, TEXT, body)
 }
 
 #[cfg(test)]

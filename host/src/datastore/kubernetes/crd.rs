@@ -12,8 +12,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
-use thereabouts_allocator::attachment::{Holder, Ifname, owns_record};
-use thereabouts_allocator::model::{Allocation, Claim};
+use thereabouts_allocator::model::Allocation;
 use thereabouts_allocator::objects;
 
 use crate::datastore::pool_document::{claim_fields, entry_value};
@@ -188,58 +187,12 @@ pub fn parse_pool(object: &Value) -> Result<PoolObject, String> {
     Ok(pool)
 }
 
-/// The owner of a reservation, as read.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReservationObject {
-    /// `metadata.name`.
-    pub name: String,
-    pub uid: String,
-    /// `metadata.resourceVersion`, to tell a reservation made before a pool was
-    /// read from one a racing writer made since (a hint, see the datastore).
-    pub resource_version: String,
-    pub podref: String,
-    pub ifname: String,
-    pub containerid: String,
-    pub claim: Option<Claim>,
-}
+/// The owner of a reservation, as read (the engine's one decoder of
+/// whereabouts' objects, with the ownership rules beside it).
+pub use objects::Reservation as ReservationObject;
 
 pub fn parse_reservation(object: &Value) -> ReservationObject {
-    let r = objects::reservation(object);
-    ReservationObject {
-        name: r.name,
-        uid: r.uid,
-        resource_version: r.resource_version,
-        podref: r.podref,
-        ifname: r.ifname,
-        containerid: r.containerid,
-        claim: r.claim,
-    }
-}
-
-impl ReservationObject {
-    /// Whether the reservation belongs to `holder`'s attachment (see
-    /// [`owns_record`]: the same pod attachment, or the same claim); whereabouts before v0.8.0 wrote no interface.
-    pub fn is_held_by(&self, holder: &Allocation) -> bool {
-        let recorded = Holder { container_id: &self.containerid, pod_ref: &self.podref, ifname: &self.ifname };
-        owns_record(recorded, self.claim.as_ref(), holder.holder(), holder.claim.as_ref(), Ifname::MayBeMissing)
-    }
-
-    /// Whether an ADD planning a fresh entry for `holder` may take this existing
-    /// reservation as its own: held by `holder`'s attachment and made by the same
-    /// container (a retried ADD), or by whereabouts, whose reservations name no
-    /// container and which reuses one of the same pod the same way. One made by
-    /// another container of the pod is not taken: the pool as read holds no entry
-    /// of the pod there, so that container's DEL has removed it and is about to
-    /// delete the reservation, or its ADD failed and its DEL will free it.
-    pub fn is_adoptable_by(&self, holder: &Allocation) -> bool {
-        self.is_held_by(holder) && (self.containerid.is_empty() || self.containerid == holder.container_id)
-    }
-
-    /// Whether this exact attachment (container ID and interface) made it: what
-    /// a DEL may free even though no pool entry leads to it.
-    pub fn is_made_by(&self, container_id: &str, ifname: &str) -> bool {
-        self.containerid == container_id && self.ifname == ifname
-    }
+    objects::reservation(object)
 }
 
 #[cfg(test)]
@@ -373,13 +326,6 @@ mod tests {
         let bare = alloc(7, "cid", "", "eth0");
         assert!(r("", "eth0", "cid").is_held_by(&bare) && !r("", "eth0", "x").is_held_by(&bare));
         let object = json!({"metadata": {"uid": "abc", "resourceVersion": "17"}, "spec": {"podref": "ns/pod", "ifname": "net1"}});
-        assert_eq!(parse_reservation(&object), ReservationObject { resource_version: "17".into(), ..r("ns/pod", "net1", "").with_uid("abc") });
-    }
-
-    impl ReservationObject {
-        fn with_uid(mut self, uid: &str) -> Self {
-            self.uid = uid.into();
-            self
-        }
+        assert_eq!(parse_reservation(&object), ReservationObject { resource_version: "17".into(), uid: "abc".into(), ..r("ns/pod", "net1", "") });
     }
 }
