@@ -113,6 +113,8 @@ impl Installed {
             // Full passes every few seconds: a case that must not lose a live
             // pod's address sees many of them.
             "controller.reconcileIntervalSeconds=5".to_string(),
+            // IPAMClaims (N12): the plugin reads the pod's networks and patches the claim's status.
+            "persistentIPsRbac.enabled=true".to_string(),
         ];
         let mut args = vec!["install".to_string(), "thereabouts".to_string(), workspace_root().join("charts/thereabouts").display().to_string()];
         args.extend(["--namespace".to_string(), NAMESPACE.to_string(), "--kubeconfig".to_string(), self.cluster().admin_kubeconfig().display().to_string()]);
@@ -197,11 +199,20 @@ impl Installed {
 
     /// A NAD of a bridge with `ipam` as it is (any IPAM plugin on the node).
     pub fn nad_raw(&self, name: &str, bridge_suffix: &str, ipam: Value) -> Result<()> {
-        let config = json!({
+        self.nad_config(name, self.bridge_config(name, bridge_suffix, ipam))
+    }
+
+    /// The conflist of [`Installed::nad_raw`]: one bridge plugin with `ipam`.
+    pub fn bridge_config(&self, name: &str, bridge_suffix: &str, ipam: Value) -> Value {
+        json!({
             "cniVersion": "1.1.0",
             "name": name,
             "plugins": [{"type": "bridge", "bridge": self.node.bridge(bridge_suffix), "isGateway": false, "ipMasq": false, "ipam": ipam}],
-        });
+        })
+    }
+
+    /// A NAD `name` in [`PODS`] whose config is `config`.
+    pub fn nad_config(&self, name: &str, config: Value) -> Result<()> {
         let nad = json!({
             "apiVersion": "k8s.cni.cncf.io/v1",
             "kind": "NetworkAttachmentDefinition",
@@ -344,11 +355,34 @@ impl Installed {
         Ok(found)
     }
 
+    /// Creates, gets or deletes an object of any kind in [`PODS`] (an IPAMClaim).
+    pub fn object(&self, group: &str, version: &str, kind: &str, action: ObjectAction) -> Result<Option<Value>> {
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        block_on(async {
+            let api = Api::<DynamicObject>::namespaced_with(self.client().await?, PODS, &resource);
+            Ok(match action {
+                ObjectAction::Create(object) => Some(serde_json::to_value(api.create(&PostParams::default(), &serde_json::from_value(object)?).await?)?),
+                ObjectAction::Get(name) => api.get_opt(name).await?.map(|o| serde_json::to_value(o).unwrap_or_default()),
+                ObjectAction::Delete(name) => {
+                    let _ = api.delete(name, &DeleteParams::default()).await?;
+                    None
+                }
+            })
+        })
+    }
+
     /// How many allocations the IPPool `name` (in kube-system) holds.
     pub fn allocations(&self, name: &str) -> Result<usize> {
         let pool = self.pool_object("IPPool", name)?;
         Ok(pool.and_then(|p| p["spec"]["allocations"].as_object().map(|a| a.len())).unwrap_or(0))
     }
+}
+
+/// What [`Installed::object`] does.
+pub enum ObjectAction<'a> {
+    Create(Value),
+    Get(&'a str),
+    Delete(&'a str),
 }
 
 impl Drop for Installed {

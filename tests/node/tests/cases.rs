@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use thereabouts_node_tests::{Installed, STICKY_ORDINAL, network_status};
+use thereabouts_node_tests::{Installed, ObjectAction, STICKY_ORDINAL, network_status, pod_spec};
 
 /// N01: the chart's installer DaemonSet put the plugin into the node's CNI bin
 /// dir, with a flat file naming the Kubernetes datastore, and the controller
@@ -313,4 +313,51 @@ fn n07_a_statefulset_pod_comes_back_with_its_addresses() {
     installed.wait("the pool holds the three pods' entries", Duration::from_secs(60), || Ok(installed.allocations("192.0.2.32-27")? == 3)).unwrap();
     installed.delete_statefulset("n07").unwrap();
     installed.wait("every address is back", Duration::from_secs(90), || Ok(installed.allocations("192.0.2.32-27")? == 0)).unwrap();
+}
+
+/// N12: a VM-like workload (KubeVirt's launcher pods, docs/claims.md): a pod
+/// whose network-selection element names an IPAMClaim, on a network with
+/// `allowPersistentIPs`, through the real Multus (which passes nothing of the
+/// claim on: the plugin reads the pod). Deleted and re-created as a new pod, it
+/// gets the same addresses; the old pod's DEL and the controller's passes keep
+/// them; the claim's status shows them and its owner; deleting the claim (the
+/// VM deleted) frees them.
+#[test]
+fn n12_a_vms_launcher_pod_recreated_keeps_its_addresses() {
+    let installed = Installed::shared();
+    let ipam = serde_json::json!({"type": "thereabouts", "configuration_path": installed.flat_file(), "ipRanges": [{"range": "192.0.2.176/28"}, {"range": "2001:db8:12::/64"}]});
+    let mut config = installed.bridge_config("n12", "l", ipam);
+    // Where KubeVirt's ipam-extensions reads it (the top), and where libcni hands it to the plugin (its entry).
+    config["allowPersistentIPs"] = serde_json::json!(true);
+    config["plugins"][0]["allowPersistentIPs"] = serde_json::json!(true);
+    installed.nad_config("n12", config).unwrap();
+    let claim = |action| installed.object("k8s.cni.cncf.io", "v1alpha1", "IPAMClaim", action).unwrap();
+    claim(ObjectAction::Create(serde_json::json!({"apiVersion": "k8s.cni.cncf.io/v1alpha1", "kind": "IPAMClaim",
+        "metadata": {"name": "vm12.n12", "namespace": "default"}, "spec": {"network": "n12", "interface": ""}})));
+    // The launcher pod as ipam-extensions mutates it.
+    let launcher = |name: &str| {
+        let networks = serde_json::json!([{"name": "n12", "namespace": "default", "ipam-claim-reference": "vm12.n12"}]).to_string();
+        installed.create_pod_value(pod_spec(name, &networks, "sleep 3600")).unwrap();
+        let pod = installed.wait_running(name).unwrap();
+        network_status(&pod).into_iter().find(|(n, ..)| n == "default/n12").map(|(_, _, ips)| ips).unwrap_or_default()
+    };
+    let first = launcher("n12-launcher-a");
+    assert!(first.len() == 2 && first[0].starts_with("192.0.2.1") && first[1].starts_with("2001:db8:12::"), "{first:?}");
+    let status = claim(ObjectAction::Get("vm12.n12")).unwrap()["status"].clone();
+    let bare: Vec<String> = status["ips"].as_array().into_iter().flatten().filter_map(|ip| ip.as_str()?.split('/').next().map(str::to_string)).collect();
+    assert_eq!((bare, &status["ownerPod"]["name"]), (first.clone(), &serde_json::json!("n12-launcher-a")));
+
+    // The VM restarts: its launcher pod is deleted (its DEL runs) and a new one made.
+    installed.delete_pod("n12-launcher-a").unwrap();
+    installed.wait("n12-launcher-a is gone", Duration::from_secs(120), || Ok(installed.get_pod("n12-launcher-a")?.is_none())).unwrap();
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(installed.allocations("192.0.2.176-28").unwrap(), 1, "the DEL and two controller passes keep the claim's address");
+    assert_eq!(launcher("n12-launcher-b"), first, "the new launcher pod's addresses");
+    assert_eq!(claim(ObjectAction::Get("vm12.n12")).unwrap()["status"]["ownerPod"]["name"], "n12-launcher-b");
+
+    // The VM is deleted: its pod, then its claim; the controller frees the addresses.
+    installed.delete_pod("n12-launcher-b").unwrap();
+    installed.wait("n12-launcher-b is gone", Duration::from_secs(120), || Ok(installed.get_pod("n12-launcher-b")?.is_none())).unwrap();
+    claim(ObjectAction::Delete("vm12.n12"));
+    installed.wait("the deleted claim's addresses are freed", Duration::from_secs(60), || Ok(installed.allocations("192.0.2.176-28")? == 0)).unwrap();
 }
