@@ -5,6 +5,7 @@
 //! (or a CNI error object) on stdout. Nothing links against the plugin's crates, so the
 //! tests see only the standard CNI interface and the on-disk file datastore.
 
+pub mod history;
 mod process;
 
 pub use process::{CALL_TIMEOUT, Call, Invocation, Outcome, k8s_args};

@@ -155,7 +155,7 @@ impl Invocation {
         };
         let elapsed = started.elapsed();
         let text = |h: std::thread::JoinHandle<Vec<u8>>| String::from_utf8_lossy(&h.join().expect("pipe reader")).into_owned();
-        Outcome { call: self.call.clone(), status, stdout: text(stdout), stderr: text(stderr), elapsed, timed_out }
+        Outcome { call: self.call.clone(), status, stdout: text(stdout), stderr: text(stderr), started, elapsed, timed_out }
     }
 }
 
@@ -179,6 +179,8 @@ pub struct Outcome {
     pub status: ExitStatus,
     pub stdout: String,
     pub stderr: String,
+    /// When the process was started (for a history of calls, [`crate::history`]).
+    pub started: Instant,
     pub elapsed: Duration,
     pub timed_out: bool,
 }

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
+use thereabouts_e2e::history::{Attachment, History, attachment_of_entry};
 use thereabouts_e2e::{Outcome, add_offset, addr_of, range_network};
 
 use crate::addresses::{contains, reservation_name};
@@ -91,4 +92,15 @@ pub fn check_held(
         }
     }
     by_range
+}
+
+/// The history of `outcomes` (every ADD and DEL of a run, [`History`])
+/// checked against the pools as read now (`entries`, one map per range): no
+/// address certainly held by two attachments at once, and the pools hold what
+/// the history leaves held, nothing more (another client's entries aside).
+/// Panics naming every violation.
+pub fn check_history(outcomes: &[&Outcome], entries: &[BTreeMap<IpAddr, PoolEntry>]) {
+    let held: BTreeMap<IpAddr, Attachment> = entries.iter().flatten().map(|(a, e)| (*a, attachment_of_entry(&e.podref, &e.id, &e.ifname))).collect();
+    let found = History::of(outcomes).check(&held);
+    assert!(found.is_empty(), "the history of {} calls against the pools: {found:#?}", outcomes.len());
 }

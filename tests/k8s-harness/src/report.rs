@@ -91,6 +91,7 @@ mod tests {
             status: std::process::ExitStatus::from_raw(256),
             stdout: stdout.to_string(),
             stderr: String::new(),
+            started: std::time::Instant::now(),
             elapsed: Duration::ZERO,
             timed_out: false,
         };

@@ -26,7 +26,7 @@ use thereabouts_e2e::{Outcome, add_offset, range_network, thereabouts_bin};
 use thereabouts_k8s_harness::Cluster;
 use thereabouts_k8s_harness::addresses::reservation_name;
 use thereabouts_k8s_harness::burst::{Network, pods, pods_of, run_concurrently, run_through_outage};
-use thereabouts_k8s_harness::held::{check_held, pool_entries, reservations_in};
+use thereabouts_k8s_harness::held::{check_held, check_history, pool_entries, reservations_in};
 use thereabouts_k8s_harness::plugin::{Objects, kubernetes_conf};
 use thereabouts_k8s_harness::report::{expect_all_ok, summary};
 use thereabouts_k8s_harness::whereabouts::Churn;
@@ -39,6 +39,12 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn network(cluster: &Cluster, name: &str, ranges: &[&'static str]) -> Network {
     Network::new(kubernetes_conf(name, &cluster.plugin_kubeconfig(), None, ranges), ranges, name)
+}
+
+/// [`check_history`] of `outcomes` against the IPPools as the admin reads them now.
+fn check_calls(net: &Network, objects: &Objects, outcomes: &[&Outcome]) {
+    let entries: Vec<_> = net.pools().iter().map(|(pool, range)| pool_entries(objects, pool, range).unwrap()).collect();
+    check_history(outcomes, &entries);
 }
 
 /// [`check_held`] against the IPPools and reservations as the admin reads them.
@@ -71,6 +77,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     expect_all_ok(&adds, "concurrent ADD");
     let all: Vec<&Outcome> = adds.iter().collect();
     let held = check_results(&net, &objects, &all);
+    check_calls(&net, &objects, &all);
     // Nothing else in the pools, and nothing but these reservations.
     for ((pool, range), seen) in net.pools().iter().zip(&held) {
         let entries = pool_entries(&objects, pool, range).unwrap();
@@ -84,6 +91,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     let wall = started.elapsed();
     eprintln!("{}", summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels), "API"));
     expect_all_ok(&dels, "concurrent DEL");
+    check_calls(&net, &objects, &adds.iter().chain(&dels).collect::<Vec<_>>());
     for (pool, _) in net.pools() {
         let left = objects.allocations(&pool).unwrap();
         assert!(left.is_empty(), "IPPool {pool} still holds {} entries: {left:?}", left.len());
@@ -195,6 +203,7 @@ fn apiserver_killed_during_a_burst_leaves_no_partial_allocation() {
     // The runtime's DEL for each failed ADD removes whatever it left.
     let dels = run_concurrently(&bin, &net.calls("DEL", &pods_of(&failed), GENEROUS), None);
     expect_all_ok(&dels, "DEL of a failed ADD");
+    check_calls(&net, &objects, &std::iter::once(&warm).chain(adds).chain(&dels).collect::<Vec<_>>());
     for (pool, range) in net.pools() {
         let entries = pool_entries(&objects, &pool, range).unwrap();
         let stale: Vec<_> = entries.values().filter(|e| failed_cids.contains(e.id.as_str())).collect();
@@ -256,6 +265,7 @@ fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
         expect_all_ok(&adds, "ADD beside a whereabouts writer");
         let all: Vec<&Outcome> = adds.iter().collect();
         let held = check_results(&net, &objects, &all);
+        check_calls(&net, &objects, &all);
         let foreign: BTreeSet<IpAddr> = Churn::STICKY.iter().map(|o| add_offset(range_network(v4_range).0, *o)).collect();
         assert!(held[0].keys().all(|a| !foreign.contains(a)), "the plugin handed out a held address");
         let started = Instant::now();
@@ -275,6 +285,7 @@ fn allocations_while_a_whereabouts_client_writes_the_same_pool() {
         stats.reservations_lost
     );
     expect_all_ok(&dels, "DEL beside a whereabouts writer");
+    check_calls(&net, &objects, &adds.iter().chain(&dels).collect::<Vec<_>>());
     assert!(stats.violations.is_empty(), "the other writer's entries changed: {:?}", stats.violations);
     assert!(stats.adds >= 2 && stats.adds + stats.removes + stats.conflicts >= 10, "the other writer kept writing: {stats:?}");
 

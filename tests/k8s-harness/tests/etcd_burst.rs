@@ -23,7 +23,7 @@ use thereabouts_e2e::{Outcome, thereabouts_bin};
 use thereabouts_k8s_harness::addresses::reservation_name;
 use thereabouts_k8s_harness::burst::{Network, pods, pods_of, run_concurrently, run_through_outage};
 use thereabouts_k8s_harness::etcd::{Etcd, etcd_conf};
-use thereabouts_k8s_harness::held::{PoolEntry, check_held};
+use thereabouts_k8s_harness::held::{PoolEntry, check_held, check_history};
 use thereabouts_k8s_harness::report::{expect_all_ok, summary};
 
 /// The datastore's default `etcd_prefix`.
@@ -92,6 +92,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     expect_all_ok(&adds, "concurrent ADD");
     let all: Vec<&Outcome> = adds.iter().collect();
     let held = en.check(&all);
+    check_history(&all, &en.entries());
     // Nothing else in the pools, and nothing but these reservations.
     for (((pool, _), entries), seen) in net.pools().iter().zip(en.entries()).zip(&held) {
         assert_eq!(entries.len(), PODS, "pool {pool} holds {PODS} entries");
@@ -106,6 +107,7 @@ fn burst_of_200_concurrent_dual_stack_adds_then_dels() {
     let wall = started.elapsed();
     eprintln!("{}", summary("burst DEL", &dels, wall, &net.log_stats("DEL", &dels), "etcd"));
     expect_all_ok(&dels, "concurrent DEL");
+    check_history(&adds.iter().chain(&dels).collect::<Vec<_>>(), &en.entries());
     en.check_empty();
 }
 
@@ -174,6 +176,7 @@ fn etcd_killed_during_a_burst_leaves_no_partial_allocation() {
     // The runtime's DEL for each failed ADD removes whatever it left.
     let dels = run_concurrently(&bin, &net.calls("DEL", &pods_of(&failed), GENEROUS), None);
     expect_all_ok(&dels, "DEL of a failed ADD");
+    check_history(&std::iter::once(&warm).chain(adds).chain(&dels).collect::<Vec<_>>(), &en.entries());
     for ((pool, _), m) in net.pools().iter().zip(en.entries()) {
         let stale: Vec<_> = m.values().filter(|e| failed_cids.contains(e.id.as_str())).collect();
         assert!(stale.is_empty(), "pool {pool}: entries of failed ADDs after their DEL: {stale:?}");
