@@ -62,6 +62,14 @@ pub enum Violation {
     Leaked { address: IpAddr, by: Attachment },
 }
 
+/// When an ADD certainly held an address: from its return until the first
+/// DEL of its attachment that could have freed it started (`None`: never).
+struct Window<'h> {
+    from: Instant,
+    until: Option<Instant>,
+    by: &'h Attachment,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct History {
     pub events: Vec<Event>,
@@ -87,24 +95,24 @@ impl History {
 
     /// The pairs of attachments that certainly held one address at once.
     pub fn held_twice(&self) -> Vec<Violation> {
-        let mut windows: BTreeMap<IpAddr, Vec<(Instant, Option<Instant>, &Attachment)>> = BTreeMap::new();
+        let mut windows: BTreeMap<IpAddr, Vec<Window>> = BTreeMap::new();
         for add in self.events.iter().filter(|e| e.op == Op::Add && e.ok) {
             let released = self.events.iter().filter(|d| d.op == Op::Del && d.attachment == add.attachment && d.end > add.start).map(|d| d.start).min();
             if released.is_some_and(|r| r <= add.end) {
                 continue; // a DEL ran beside it: nothing is certain
             }
             for address in &add.addresses {
-                windows.entry(*address).or_default().push((add.end, released, &add.attachment));
+                windows.entry(*address).or_default().push(Window { from: add.end, until: released, by: &add.attachment });
             }
         }
         let mut found = Vec::new();
         for (address, held) in windows {
-            for (i, (start_a, end_a, a)) in held.iter().enumerate() {
-                for (start_b, end_b, b) in &held[i + 1..] {
-                    let from = (*start_a).max(*start_b);
-                    let overlap = end_a.is_none_or(|e| from < e) && end_b.is_none_or(|e| from < e);
-                    if a != b && overlap {
-                        found.push(Violation::HeldTwice { address, first: (*a).clone(), second: (*b).clone() });
+            for (i, a) in held.iter().enumerate() {
+                for b in &held[i + 1..] {
+                    let from = a.from.max(b.from);
+                    let overlap = a.until.is_none_or(|e| from < e) && b.until.is_none_or(|e| from < e);
+                    if a.by != b.by && overlap {
+                        found.push(Violation::HeldTwice { address, first: a.by.clone(), second: b.by.clone() });
                     }
                 }
             }
@@ -194,8 +202,10 @@ mod tests {
         Attachment { holder: format!("default/{pod}"), ifname: "eth0".into() }
     }
 
-    /// A history from `(op, pod, start ms, end ms, ok, addresses)`.
-    fn history(calls: &[(Op, &str, u64, u64, bool, &[&str])]) -> History {
+    /// `(op, pod, start ms, end ms, ok, addresses)`.
+    type Recorded<'a> = (Op, &'a str, u64, u64, bool, &'a [&'a str]);
+
+    fn history(calls: &[Recorded]) -> History {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let events = calls
