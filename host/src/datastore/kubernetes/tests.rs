@@ -287,6 +287,38 @@ fn an_older_reservation_is_an_overlapping_range_and_another_containers_is_not_ad
     assert!(script.is_done());
 }
 
+/// A read older than this call's own rollback shows its entry: the
+/// reservation is kept, and stays the call's, so that the plan that takes the
+/// address again on a fresh read uses it instead of finding it "taken" and
+/// leaving it behind (the leak seen in CI beside a whereabouts writer).
+#[test]
+fn a_reservation_kept_on_a_stale_read_stays_the_calls_own() {
+    let p = pool("192.0.2.0/24");
+    let a = alloc(1, "c1", "a");
+    let (s, log, script) = store(
+        "ns",
+        vec![empty_list("5"), created("u1"), Answer::Status(409, "AlreadyExists", Value::Null), ok(), Answer::Ok(ticket("t1", "20", &p.name)), tickets(vec![])],
+    );
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[PoolUpdate { expected: Version::absent(), ..add(&p, "", "192.0.2.1", &a) }])));
+    // In its turn: .1 reserved, the pool write refused.
+    script.then(vec![listed(&p, "6", "6", json!({})), created("u2"), Answer::Status(422, "Invalid", Value::Null)]);
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[add(&p, "6", "192.0.2.1", &a)])));
+    // A stale read shows .1 as its own: kept. This plan (.2) fails too.
+    script.then(vec![listed(&p, "7", "7", json!({"1": entry("c1", "a")})), created("u3"), Answer::Status(422, "Invalid", Value::Null)]);
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[add(&p, "7", "192.0.2.2", &alloc(2, "c1", "a"))])));
+    // A fresh read: .1 is free again, and its reservation is still this call's.
+    script.then(vec![listed(&p, "8", "8", json!({})), ok(), ok(), ok()]);
+    let before = log.lines().len();
+    tx.load().unwrap();
+    assert_eq!(tx.commit(&[add(&p, "8", "192.0.2.1", &a)]).unwrap(), Outcome::Committed);
+    let (delete_2, patch) = (format!("DELETE {API}/overlappingrangeipreservations/192.0.2.2"), format!("PATCH {API}/ippools/192.0.2.0-24"));
+    assert_eq!(log.lines()[before..], [format!("GET {}", list_path(&p)), delete_2, patch, format!("DELETE {LEASES}/t1")]);
+}
+
 #[test]
 fn a_failing_later_pool_rolls_back_the_earlier_one_and_frees_the_reservations() {
     let (p4, p6) = (pool("192.0.2.0/24"), PoolId { name: "2001-db8---64".into(), cidr: "2001:db8::/64".into(), node_local: false });

@@ -717,8 +717,12 @@ impl KubeTransaction<'_> {
 
     /// Best-effort removal of the reservations this process holds for addresses
     /// it did not get, except those named in `keep`. One whose entry the pool
-    /// holds after all, as last read, stays: a write whose answer was lost (a 504
-    /// after which the retry found the entry, then the plan reused it) did commit.
+    /// holds after all, as last read, stays, and stays this call's: a write whose
+    /// answer was lost (a 504 after which the retry found the entry, then the plan
+    /// reused it) did commit; but the read may also be older than this call's own
+    /// rollback of that write, and a later plan that takes the address again must
+    /// know the reservation as its own, not as a racer's (which it would plan
+    /// around and leave behind).
     fn release_held(&mut self, keep: &BTreeSet<&str>, deadline: Instant) {
         let dropped: Vec<(String, Held)> = {
             let held = &mut self.held;
@@ -731,6 +735,7 @@ impl KubeTransaction<'_> {
             });
             if committed {
                 logging::debug(format!("reservation {name} (offset {}): the pool holds its entry, kept", h.holder.offset));
+                self.held.insert(name, h);
                 continue;
             }
             logging::debug(format!("deleting reservation {name} (offset {}): not committed", h.holder.offset));
