@@ -106,6 +106,21 @@ fn lose_first_attempt<'s>(s: &'s KubernetesStore, p: &PoolId) -> Box<dyn Transac
     tx
 }
 
+/// The answers to a first attempt that finds the pool `p` created by someone
+/// else (409), frees its reservation of .1 and takes its turn, nobody ahead.
+fn lost_pool_creation(p: &PoolId) -> Vec<Answer> {
+    vec![empty_list("5"), created("u1"), Answer::Status(409, "AlreadyExists", Value::Null), ok(), Answer::Ok(ticket("t1", "20", &p.name)), tickets(vec![])]
+}
+
+/// Begins a call on `p` and runs the attempt [`lost_pool_creation`] scripts
+/// (`a` at .1 on a pool that did not exist); it returns in its turn.
+fn lose_pool_creation<'s>(s: &'s KubernetesStore, p: &PoolId, a: &Allocation) -> Box<dyn Transaction + 's> {
+    let mut tx = s.begin(std::slice::from_ref(p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    assert!(conflict(tx.commit(&[PoolUpdate { expected: Version::absent(), ..add(p, "", "192.0.2.1", a) }])));
+    tx
+}
+
 fn uid_precondition(uid: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}})
 }
@@ -159,16 +174,11 @@ fn add_reads_reserves_then_writes_the_pool() {
 fn add_after_a_lost_pool_race_frees_its_reservation_takes_its_turn_and_reuses_reservations_in_it() {
     let p = pool("192.0.2.0/24");
     let a = alloc(1, "c1", "a");
-    let (s, log, script) = store(
-        "ns",
-        vec![empty_list("5"), created("u1"), Answer::Status(409, "AlreadyExists", Value::Null), ok(), Answer::Ok(ticket("t1", "20", &p.name)), tickets(vec![])],
-    );
-    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
-    tx.load().unwrap();
+    let (s, log, script) = store("ns", lost_pool_creation(&p));
     // Someone created the pool first (409): a conflict. The reservation goes
     // (those whose turn comes first would plan into it), and the call takes its
     // turn (nobody ahead of it).
-    assert!(conflict(tx.commit(&[PoolUpdate { expected: Version::absent(), ..add(&p, "", "192.0.2.1", &a) }])));
+    let mut tx = lose_pool_creation(&s, &p, &a);
     assert!(tx.serialized());
     // Planned .1 again on the new read, and its entry's test fails (422).
     script.then(vec![listed(&p, "6", "6", json!({"2": entry("c8", "y")})), created("u2"), Answer::Status(422, "Invalid", Value::Null)]);
@@ -295,13 +305,8 @@ fn an_older_reservation_is_an_overlapping_range_and_another_containers_is_not_ad
 fn a_reservation_kept_on_a_stale_read_stays_the_calls_own() {
     let p = pool("192.0.2.0/24");
     let a = alloc(1, "c1", "a");
-    let (s, log, script) = store(
-        "ns",
-        vec![empty_list("5"), created("u1"), Answer::Status(409, "AlreadyExists", Value::Null), ok(), Answer::Ok(ticket("t1", "20", &p.name)), tickets(vec![])],
-    );
-    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
-    tx.load().unwrap();
-    assert!(conflict(tx.commit(&[PoolUpdate { expected: Version::absent(), ..add(&p, "", "192.0.2.1", &a) }])));
+    let (s, log, script) = store("ns", lost_pool_creation(&p));
+    let mut tx = lose_pool_creation(&s, &p, &a);
     // In its turn: .1 reserved, the pool write refused.
     script.then(vec![listed(&p, "6", "6", json!({})), created("u2"), Answer::Status(422, "Invalid", Value::Null)]);
     tx.load().unwrap();
