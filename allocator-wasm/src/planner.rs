@@ -357,12 +357,12 @@ fn plan_requested(at: &RangeAt, mut taken: impl Iterator<Item = u128>, refused: 
     Ok(PlanOutcome::Fresh { assignment: assignment(at, offset, network_name) })
 }
 
-/// The offsets of `range`'s network among the absolute addresses chosen so far
-/// in a multi-range plan: later ranges treat them as reserved, so one config
-/// never hands the same address out twice (same pool listed twice, or
-/// overlapping ranges).
-fn earlier_choices_in(range: &NormalizedRange, earlier: &[(Family, u128)]) -> impl Iterator<Item = u128> {
-    earlier.iter().filter(move |(f, v)| range.network_contains(*f, *v)).map(move |(_, v)| v - range.network)
+/// The offsets of `range`'s network among absolute addresses of a multi-range
+/// plan (those chosen so far, those the attachment keeps): a range treats them
+/// as reserved, so one config never hands the same address out twice (same
+/// pool listed twice, or overlapping ranges).
+fn plan_offsets_in(range: &NormalizedRange, addresses: &[(Family, u128)]) -> impl Iterator<Item = u128> {
+    addresses.iter().filter(move |(f, v)| range.network_contains(*f, *v)).map(move |(_, v)| v - range.network)
 }
 
 /// Plan the ranges of a config a request is served from. See `plan-all` in the WIT.
@@ -383,6 +383,15 @@ pub fn plan_all(config: &NormalizedConfig, pools: &[PoolState], reservations: Re
     }
     let mut outcomes = Vec::with_capacity(order.len());
     let mut chosen: Vec<(Family, u128)> = Vec::with_capacity(order.len());
+    // What the attachment keeps in any range of the order: a range planned
+    // before the one that keeps it must not give that address again.
+    let kept: Vec<(Family, u128)> = order
+        .iter()
+        .filter_map(|&i| {
+            let range = &config.ranges[i];
+            held_by(pools::snapshot_of(pools, &range.pool_name), req).map(|(_, e)| (range.family, range.network + e.offset))
+        })
+        .collect();
     let mut last_miss = None;
     for index in order {
         let range = &config.ranges[index];
@@ -401,7 +410,8 @@ pub fn plan_all(config: &NormalizedConfig, pools: &[PoolState], reservations: Re
             Reservations::FromPools if config.enable_overlapping_ranges => pools::held_by_other_pools(config, pools, range),
             _ => Vec::new(),
         };
-        also_reserved.extend(earlier_choices_in(range, &chosen));
+        also_reserved.extend(plan_offsets_in(range, &chosen));
+        also_reserved.extend(plan_offsets_in(range, &kept));
         let at = RangeAt { range, index: index as u32, pick: guided.pick(index) };
         match plan_range(&at, pools::snapshot_of(pools, &range.pool_name), also_reserved, &request, &config.network_name) {
             Ok(outcome) => {

@@ -401,6 +401,19 @@ fn plan_all_reuses_from_the_pool_of_the_range_and_reserves_as_read() {
 }
 
 #[test]
+fn an_address_the_pod_keeps_in_a_later_range_is_not_handed_out_again_before_it() {
+    // Found by the policy_answer fuzz target: the pod holds 192.0.2.1 in the
+    // /29's pool (a range added before it since), and the /24, planned first,
+    // gave the same address again.
+    let c = config(&["192.0.2.0/24", "192.0.2.0/29"]);
+    let held = Allocation { offset: 1, container_id: "old".into(), pod_ref: "default/a".into(), ifname: "eth0".into(), claim: None };
+    let pools = [PoolState { name: "192.0.2.0-29".into(), snapshot: PoolSnapshot { held: vec![held], ..taken(&[1]) } }];
+    let out = plan_all(&c, &pools, Reservations::AsRead, &req("a", "eth0")).unwrap();
+    assert_eq!(fresh_ip(Ok(out[0].clone())), "192.0.2.2/24");
+    assert!(matches!(&out[1], PlanOutcome::Reuse { assignment, .. } if assignment.ip == "192.0.2.1"));
+}
+
+#[test]
 fn plan_all_from_pools_reserves_what_overlapping_pools_hold() {
     // A /28 inside a /24, two pools: with the pools as the whole truth, an address
     // the /24's pool holds is taken in the /28 too (and the reverse).
