@@ -85,13 +85,29 @@ pub fn fits(slot_size: u64, payload_len: usize) -> bool {
 /// The newest intact slot of a pool file; `None` if neither slot is intact
 /// (which a reader racing a writer can see: it should read again).
 pub fn read_newest(file: &File, file_len: u64) -> io::Result<Option<Slot>> {
+    newest_slot(file_len, |buf, at| file.read_exact_at(buf, at))
+}
+
+/// The newest intact slot of the pool file held in `bytes` (what
+/// [`read_newest`] reads, from memory: for checks of a file's bytes).
+pub fn newest_in(bytes: &[u8]) -> io::Result<Option<Slot>> {
+    newest_slot(bytes.len() as u64, |buf, at| {
+        let start = usize::try_from(at).map_err(|_| io::Error::from(ErrorKind::UnexpectedEof))?;
+        let part = start.checked_add(buf.len()).and_then(|end| bytes.get(start..end)).ok_or_else(|| io::Error::from(ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(part);
+        Ok(())
+    })
+}
+
+/// The slot choice, over a reader of `file_len` bytes at an offset.
+fn newest_slot(file_len: u64, read_at: impl Fn(&mut [u8], u64) -> io::Result<()>) -> io::Result<Option<Slot>> {
     let Some(slot) = slot_size(file_len) else {
         return Err(io::Error::new(ErrorKind::InvalidData, format!("{file_len} bytes is not a pool file size (two slots of 4 KiB multiples)")));
     };
     let mut candidates = Vec::with_capacity(2);
     for index in 0..2 {
         let mut head = [0u8; HEADER_LEN];
-        file.read_exact_at(&mut head, index * slot)?;
+        read_at(&mut head, index * slot)?;
         if let Some((version, length, crc)) = parse_header(&head)
             && fits(slot, usize::try_from(length).unwrap_or(usize::MAX))
         {
@@ -102,7 +118,7 @@ pub fn read_newest(file: &File, file_len: u64) -> io::Result<Option<Slot>> {
     candidates.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
     for (version, index, length, crc) in candidates {
         let mut payload = vec![0u8; usize::try_from(length).unwrap_or(0)];
-        file.read_exact_at(&mut payload, index * slot + HEADER_LEN as u64)?;
+        read_at(&mut payload, index * slot + HEADER_LEN as u64)?;
         if checksum(version, &payload) == crc {
             return Ok(Some(Slot { index, version, payload }));
         }
@@ -194,6 +210,17 @@ mod tests {
         assert_eq!(read_newest(&small, 2 * slot).unwrap(), None);
         std::fs::remove_file(path).unwrap();
         std::fs::remove_file(long_path).unwrap();
+    }
+
+    #[test]
+    fn a_files_bytes_read_as_the_file_does() {
+        let mut bytes = new_file(4096, 1, b"{\"v\":1}");
+        bytes[4096..].copy_from_slice(&new_file(4096, 2, b"{\"v\":2}")[..4096]);
+        let (file, path) = file_with(&bytes, "bytes");
+        assert_eq!(newest_in(&bytes).unwrap(), read_newest(&file, 8192).unwrap());
+        assert_eq!(newest_in(&bytes).unwrap().map(|s| s.version), Some(2));
+        assert_eq!(newest_in(&bytes[..8000]).unwrap_err().kind(), ErrorKind::InvalidData);
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]
