@@ -33,10 +33,10 @@ flags=(
 var="CARGO_TARGET_$(tr '[:lower:]-' '[:upper:]_' <<<"$triple")_RUSTFLAGS"
 export "$var=${flags[*]}"
 
-bin() { echo "$CARGO_TARGET_DIR/$triple/release/$1"; }
+bin() { echo "$CARGO_TARGET_DIR/$triple/fuzz/$1"; }
 
 build() {
-  cargo build --locked --release --target "$triple" --bins
+  cargo build --locked --profile fuzz --target "$triple" -p thereabouts-fuzz --bins
 }
 
 # libFuzzer over one target: the kept corpus is read, new inputs go to corpus-new.

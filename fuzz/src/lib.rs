@@ -172,7 +172,7 @@ impl Scenario {
                 let mut snapshot = PoolSnapshot::default();
                 let mut seen = BTreeSet::new();
                 let span = 1u128 << (if range.family == Family::V6 { 128 } else { 32 } - u32::from(range.network_prefix));
-                for e in self.entries.get(i).map(Vec::as_slice).unwrap_or_default() {
+                for e in self.entries.get(i).map(Vec::as_slice).unwrap_or_default().iter().take(64) {
                     let offset = u128::from(e.offset) % span;
                     if !seen.insert(offset) {
                         continue;
@@ -181,12 +181,12 @@ impl Scenario {
                     snapshot.held.push(Allocation { offset, container_id, pod_ref, ifname, claim });
                     snapshot.taken.push(offset as u64);
                 }
-                snapshot.reserved = self.reserved.get(i).map(|r| r.iter().map(|&o| u128::from(o) % span).collect()).unwrap_or_default();
+                snapshot.reserved = self.reserved.get(i).map(|r| r.iter().take(16).map(|&o| u128::from(o) % span).collect()).unwrap_or_default();
                 PoolState { name: range.pool_name.clone(), snapshot }
             })
             .collect();
         let (container_id, pod_ref, ifname, claim) = holder(self.holder, self.claim);
-        let preferred = self.preferred.iter().filter_map(|&(r, o)| ranges.get(usize::from(r) % ranges.len()).map(|spec| spec.address(o))).collect();
+        let preferred = self.preferred.iter().take(4).filter_map(|&(r, o)| ranges.get(usize::from(r) % ranges.len()).map(|spec| spec.address(o))).collect();
         let request =
             Request { container_id, pod_ref, ifname, requested_ip: None, contention: u32::from(self.contention % 12), guidance: None, preferred, claim };
         let reservations = if self.from_pools { Reservations::FromPools } else { Reservations::AsRead };
