@@ -29,6 +29,7 @@ use thereabouts_e2e::{Invocation, Outcome, addr_of, thereabouts_bin};
 use crate::burst::{Network, pods, run_concurrently};
 use crate::fault_world::World;
 use crate::faults::{Fault, Plan};
+use crate::report::blurred_message;
 use crate::trial_rng::TrialRng;
 
 /// The plugin's budget in a burst: short, so that a call cut off by a fault
@@ -58,6 +59,8 @@ pub struct TrialReport {
     pub adds_failed: usize,
     /// Failed calls of the burst by answer: `code 11`, `killed`, ...
     pub answers: BTreeMap<String, usize>,
+    /// Failed calls of the burst and the runtime's DELs by message (numbers blurred).
+    pub messages: BTreeMap<String, usize>,
     pub duplicates: Vec<String>,
     pub leaks_found: usize,
     pub freed_by_dels: usize,
@@ -210,6 +213,9 @@ impl<'w> Trials<'w> {
             history.extend(dels);
         }
         report.calls = history.len();
+        for o in history.iter().filter(|o| !o.ok()) {
+            *report.messages.entry(format!("{} {}", o.call.command, blurred_message(o))).or_default() += 1;
+        }
         let after_dels = self.stale(&live)?;
         world.controller_pass()?;
         let left = self.stale(&live)?;
@@ -304,6 +310,7 @@ pub struct Tally {
     pub lost: usize,
     pub check_findings: usize,
     pub other: usize,
+    pub messages: BTreeMap<String, usize>,
 }
 
 impl Tally {
@@ -321,6 +328,9 @@ impl Tally {
         self.lost += r.lost.len();
         self.check_findings += r.check_findings.len();
         self.other += r.other.len();
+        for (m, n) in &r.messages {
+            *self.messages.entry(m.clone()).or_default() += n;
+        }
     }
 
     pub fn header() -> String {
@@ -355,6 +365,20 @@ pub struct Run {
 }
 
 impl Run {
+    /// The failed calls' messages per fault, most frequent first.
+    pub fn messages(&self) -> String {
+        let mut out = String::new();
+        for (fault, t) in &self.tallies {
+            let mut by_count: Vec<(&String, &usize)> = t.messages.iter().collect();
+            by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            out.push_str(&format!("{}:\n", fault.label()));
+            for (m, n) in by_count {
+                out.push_str(&format!("  {n} × {m}\n"));
+            }
+        }
+        out
+    }
+
     /// The table rows of the run, one per fault, for `datastore`.
     pub fn table(&self, datastore: &str) -> String {
         let rows: Vec<String> = self.tallies.iter().map(|(fault, t)| t.row(datastore, fault.label())).collect();

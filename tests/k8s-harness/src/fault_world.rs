@@ -156,7 +156,7 @@ impl World {
                 (Some(etcd), proxies)
             }
         };
-        let proxied_kubeconfig = files.sub("plugin-proxied.kubeconfig");
+        let proxied_kubeconfig = files.path().join("plugin-proxied.kubeconfig");
         let url = format!("https://127.0.0.1:{}", proxies[0].1);
         if datastore == Datastore::Kubernetes {
             kubeconfig_variant(&cluster.plugin_kubeconfig(), &proxied_kubeconfig, |doc| doc["clusters"][0]["cluster"]["server"] = json!(url))?;
@@ -184,7 +184,7 @@ impl World {
         if datastore == Datastore::Kubernetes {
             tools["ipam"]["kubernetes"]["kubeconfig"] = json!(world.servers.cluster.admin_kubeconfig());
         }
-        world.tools_conf = world.files.sub("tools.conf");
+        world.tools_conf = world.files.path().join("tools.conf");
         std::fs::write(&world.tools_conf, serde_json::to_vec_pretty(&tools)?)?;
         Ok(world)
     }

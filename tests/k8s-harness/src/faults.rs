@@ -100,7 +100,7 @@ impl Plan {
     /// Draws the plan of `fault` for a burst of `calls` processes against
     /// `members` etcd members (0 for the Kubernetes datastore).
     pub fn draw(fault: Fault, calls: usize, members: usize, rng: &mut TrialRng) -> Plan {
-        let at = rng.millis(0, 800);
+        let at = rng.millis(0, 250);
         let span = match fault {
             Fault::ServerRestart => rng.millis(0, 1500),
             Fault::ResetPeer => rng.millis(100, 1500),
@@ -113,10 +113,10 @@ impl Plan {
             n => vec![rng.below(n)],
         };
         let kills = if fault == Fault::PluginKill {
-            let mut kills: Vec<Option<Duration>> = (0..calls).map(|_| rng.chance(0.5).then(|| rng.millis(5, 700))).collect();
+            let mut kills: Vec<Option<Duration>> = (0..calls).map(|_| rng.chance(0.5).then(|| rng.millis(2, 150))).collect();
             if kills.iter().all(Option::is_none) && calls > 0 {
                 let i = rng.below(calls);
-                kills[i] = Some(rng.millis(5, 700));
+                kills[i] = Some(rng.millis(2, 150));
             }
             kills
         } else {

@@ -92,22 +92,24 @@ impl Toxiproxy {
         retry_port_race("toxiproxy proxy", || {
             let [listen] = free_ports::<1>()?;
             let body = json!({"name": name, "listen": format!("127.0.0.1:{listen}"), "upstream": format!("127.0.0.1:{upstream}"), "enabled": true});
-            self.api("POST", "/proxies", &body)?;
+            self.api("POST", "/proxies", Some(&body))?;
             Ok(listen)
         })
     }
 
     pub fn add_toxic(&self, proxy: &str, toxic: &Toxic) -> Result<()> {
-        self.api("POST", &format!("/proxies/{proxy}/toxics"), &toxic.body()).map(|_| ())
+        self.api("POST", &format!("/proxies/{proxy}/toxics"), Some(&toxic.body())).map(|_| ())
     }
 
     /// Changes the attributes of a toxic in place (open connections included).
     pub fn update_toxic(&self, proxy: &str, name: &str, attributes: &Value) -> Result<()> {
-        self.api("POST", &format!("/proxies/{proxy}/toxics/{name}"), &json!({"attributes": attributes})).map(|_| ())
+        self.api("POST", &format!("/proxies/{proxy}/toxics/{name}"), Some(&json!({"attributes": attributes}))).map(|_| ())
     }
 
     pub fn remove_toxic(&self, proxy: &str, name: &str) -> Result<()> {
-        self.api("DELETE", &format!("/proxies/{proxy}/toxics/{name}"), &json!({})).map(|_| ())
+        // No body: toxiproxy answers a DELETE before reading one, and the
+        // unread bytes make the kernel reset the connection under its answer.
+        self.api("DELETE", &format!("/proxies/{proxy}/toxics/{name}"), None).map(|_| ())
     }
 
     fn wait_ready(&mut self) -> Result<()> {
@@ -126,8 +128,8 @@ impl Toxiproxy {
     }
 
     /// One call to toxiproxy's HTTP API; anything but 2xx is an error with its body.
-    fn api(&self, method: &str, path: &str, body: &Value) -> Result<String> {
-        let (code, text) = http(self.api_port, method, path, Some(&body.to_string())).with_context(|| format!("toxiproxy {method} {path}"))?;
+    fn api(&self, method: &str, path: &str, body: Option<&Value>) -> Result<String> {
+        let (code, text) = http(self.api_port, method, path, body.map(Value::to_string).as_deref()).with_context(|| format!("toxiproxy {method} {path}"))?;
         if !(200..300).contains(&code) {
             bail!("toxiproxy {method} {path} answered {code}: {} (log {})", text.trim(), self.log.display());
         }

@@ -53,6 +53,7 @@ fn main() -> Result<()> {
     let started = std::time::Instant::now();
     let run = run_trials(&world, o.trials, o.seed, &format!("bench-{datastore}"), |r| println!("{}", r.line()))?;
     println!("\n{} trials in {:.0?}, seed {}\n\n{}", o.trials, started.elapsed(), o.seed, run.table(datastore));
+    println!("\nfailed calls by message:\n{}", run.messages());
     if !run.with_findings.is_empty() {
         for r in &run.with_findings {
             println!("\ntrial {} (seed {}): {}", r.trial, r.seed, r.plan);
