@@ -274,25 +274,35 @@ impl Etcd {
     /// empty when the key is absent.
     pub fn pool_entries(&self, prefix: &str, pool: &str, range: &str) -> Result<BTreeMap<IpAddr, PoolEntry>> {
         let key = format!("{prefix}pools/{pool}");
-        let Some((text, _)) = self.get(&key)? else {
-            return Ok(BTreeMap::new());
-        };
-        let value: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{key} is no JSON: {text}"))?;
-        let allocations = value["allocations"].as_object().with_context(|| format!("{key} has no allocations: {text}"))?;
-        entries_by_address(pool, range, allocations.clone().into_iter().collect())
+        match self.get(&key)? {
+            Some((text, _)) => pool_key_entries(&key, &text, pool, range),
+            None => Ok(BTreeMap::new()),
+        }
     }
 
     /// The reservation keys `<prefix>reservations/<name>`: their values by name.
     pub fn reservations(&self, prefix: &str) -> Result<BTreeMap<String, serde_json::Value>> {
         let under = format!("{prefix}reservations/");
-        self.dump(&under)?
-            .into_iter()
-            .map(|(key, text)| {
-                let value = serde_json::from_str(&text).with_context(|| format!("{key} is no JSON: {text}"))?;
-                Ok((key[under.len()..].to_string(), value))
-            })
-            .collect()
+        reservation_keys(&under, self.dump(&under)?)
     }
+}
+
+/// The entries of the pool key `key` (of `pool`, `range`) whose value is
+/// `text`, by address: what the plugin wrote there.
+pub(crate) fn pool_key_entries(key: &str, text: &str, pool: &str, range: &str) -> Result<BTreeMap<IpAddr, PoolEntry>> {
+    let value: serde_json::Value = serde_json::from_str(text).with_context(|| format!("{key} is no JSON: {text}"))?;
+    let allocations = value["allocations"].as_object().with_context(|| format!("{key} has no allocations: {text}"))?;
+    entries_by_address(pool, range, allocations.clone().into_iter().collect())
+}
+
+/// The reservation keys among `keys` (all under `under`): their values by name.
+pub(crate) fn reservation_keys(under: &str, keys: Vec<(String, String)>) -> Result<BTreeMap<String, serde_json::Value>> {
+    keys.into_iter()
+        .map(|(key, text)| {
+            let value = serde_json::from_str(&text).with_context(|| format!("{key} is no JSON: {text}"))?;
+            Ok((key[under.len()..].to_string(), value))
+        })
+        .collect()
 }
 
 /// The gRPC requests etcd handled (`grpc_server_handled_total` of its
@@ -396,7 +406,7 @@ fn write_certificates(dir: &Path) -> Result<CertFiles> {
     Ok(files)
 }
 
-fn wait_healthy(etcd: &mut Proc, metrics_port: u16) -> Result<()> {
+pub(crate) fn wait_healthy(etcd: &mut Proc, metrics_port: u16) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         if let Some(status) = etcd.exited() {

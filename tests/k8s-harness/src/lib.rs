@@ -25,7 +25,9 @@
 //! [`held`] (what a datastore holds against the CNI results), [`addresses`]
 //! (range math and whereabouts' names), [`burst`] (many calls at once, a burst
 //! through an outage), [`report`] (failures grouped, summaries), [`etcd`] (etcd
-//! alone), and for the benchmarks [`bench`](mod@bench), [`apiserver_metrics`] and
+//! alone), [`etcd_cluster`] (three members), [`toxiproxy`] (a faulty network),
+//! the fault trials ([`faults`], [`fault_world`], [`fault_trial`], [`trial_rng`]),
+//! and for the benchmarks [`bench`](mod@bench), [`apiserver_metrics`] and
 //! [`log_stats`]. One CNI call is run by `thereabouts_e2e::Invocation::run`.
 //! The blocking tests and benchmarks drive the async API with [`block_on`] and
 //! poll for a state with [`wait_until`].
@@ -48,6 +50,10 @@ pub mod burst;
 pub mod claims;
 pub mod controller;
 pub mod etcd;
+pub mod etcd_cluster;
+pub mod fault_trial;
+pub mod fault_world;
+pub mod faults;
 pub mod held;
 mod latency_proxy;
 pub mod log_stats;
@@ -59,6 +65,8 @@ pub mod pods;
 mod process;
 pub mod profile_provider;
 pub mod report;
+pub mod toxiproxy;
+pub mod trial_rng;
 pub mod whereabouts;
 pub mod whereabouts_controllers;
 

@@ -426,6 +426,43 @@ fn del_frees_its_entries_reservations_and_its_leftovers_but_not_what_its_pod_sti
     assert_eq!([log.body(5), log.body(7), log.body(9)], [uid_precondition("u1"), uid_precondition("w1"), uid_precondition("u9")]);
 }
 
+/// A DEL whose pool write landed but whose reservation could not be deleted
+/// (the apiserver went away in between) fails as unavailable: answered as a
+/// success, the runtime would never send it again and the reservation would
+/// block its address. The runtime's retry finds no entry of the attachment
+/// and deletes the reservation labelled with it.
+#[test]
+fn a_del_that_cannot_delete_the_reservation_of_an_entry_it_removed_fails_and_its_retry_deletes_it() {
+    let p = pool("192.0.2.0/24");
+    let mine = alloc(1, "c1", "a");
+    let releasing = || Purpose::Release { container_id: "c1", ifname: "eth0" };
+    let reservation_line = |method: &str| format!("{method} {API}/overlappingrangeipreservations/192.0.2.1");
+    let (s, log, script) =
+        store("ns", vec![listed(&p, "10", "12", json!({"1": entry("c1", "a")})), ok(), Answer::Unreachable, Answer::Unreachable, Answer::Unreachable]);
+    let mut tx = s.begin(std::slice::from_ref(&p), releasing(), deadline()).unwrap();
+    tx.load().unwrap();
+    let release = PoolUpdate {
+        pool: p.clone(),
+        expected: Version("10".into()),
+        changes: vec![Change::Remove { offset: 1 }, Change::Unreserve { name: "192.0.2.1".into(), holder: mine.clone() }],
+    };
+    let e = tx.commit(&[release]).unwrap_err();
+    assert!(matches!(e, DatastoreError::Unavailable { .. }), "{e}");
+    drop(tx);
+    assert_eq!(log.lines(), [vec![format!("GET {}", list_path(&p)), format!("PATCH {API}/ippools/192.0.2.0-24")], vec![reservation_line("GET"); 3]].concat());
+    assert!(script.is_done());
+
+    // The retry: nothing of c1 in the pool, its labelled reservation deleted.
+    let (s, log, script) =
+        store("ns", vec![listed(&p, "11", "13", json!({})), Answer::Ok(json!({"items": [reservation("192.0.2.1", "u1", "3", &mine)]})), ok()]);
+    let mut tx = s.begin(std::slice::from_ref(&p), releasing(), deadline()).unwrap();
+    tx.load().unwrap();
+    assert_eq!(tx.free_leftovers(&[]).unwrap(), 1);
+    assert_eq!(log.lines().last(), Some(&reservation_line("DELETE")));
+    assert_eq!(log.body(2), uid_precondition("u1"));
+    assert!(script.is_done());
+}
+
 #[test]
 fn answers_are_classed_as_denied_unavailable_or_rejected() {
     let status = |code| Answer::Status(code, "Failure", Value::Null);

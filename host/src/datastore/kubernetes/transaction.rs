@@ -435,7 +435,8 @@ impl KubeTransaction<'_> {
             // Removals are not undone (a DEL may stop half way and is
             // retried); the entries they removed are gone for good, and
             // the retry will not see them: free their reservations now.
-            self.unreserve_all(&written, cleanup);
+            // The call fails anyway; a reservation left here goes with its retry.
+            let _ = self.unreserve_all(&written, cleanup);
             return failed;
         }
 
@@ -450,9 +451,19 @@ impl KubeTransaction<'_> {
         self.end_turn();
 
         // 3. Reservations of removed entries. The pools no longer hold the
-        // addresses; a reservation left behind only blocks its address.
-        self.unreserve_all(&updates, cleanup_deadline());
-        Ok(Outcome::Committed)
+        // addresses; a reservation left behind only blocks its address. One a
+        // DEL could not delete because the apiserver went away fails the DEL
+        // (unavailable, code 11): the runtime sends it again, and the retry,
+        // which finds no entry of its attachment, deletes the reservations
+        // labelled with it (`free_leftovers`). Answered as a success, the DEL
+        // would never come again, and the address would stay blocked until
+        // the controller's orphan pass (seen in the fault trials: the
+        // apiserver killed, or the connection reset, between a DEL's pool
+        // write and its reservation deletes).
+        match self.unreserve_all(&updates, cleanup_deadline()) {
+            Err(e) if self.releasing.is_some() => Err(e),
+            _ => Ok(Outcome::Committed),
+        }
     }
 
     /// Whether `updates` remove an entry of `attachment` from a pool as read.
@@ -813,15 +824,24 @@ impl KubeTransaction<'_> {
     }
 
     /// The [`Change::Unreserve`]s of `updates` (pools already written), best effort.
-    fn unreserve_all(&mut self, updates: &[&PoolUpdate], deadline: Instant) {
+    /// Deletes the reservations of the entries `updates` removed (each only
+    /// while its holder is the entry's). Tries them all; answers the first
+    /// failure that may heal (the apiserver unreachable, the budget spent),
+    /// which leaves a reservation behind.
+    fn unreserve_all(&mut self, updates: &[&PoolUpdate], deadline: Instant) -> Result<(), DatastoreError> {
+        let mut first = Ok(());
         for update in updates {
             for change in &update.changes {
                 let Change::Unreserve { name, holder } = change else { continue };
                 if let Err(e) = self.unreserve(name, holder, deadline) {
                     logging::error(format!("released offset {} of pool {} but could not delete its reservation {name}: {e}", holder.offset, update.pool.name));
+                    if first.is_ok() && matches!(e, DatastoreError::Unavailable { .. } | DatastoreError::Timeout { .. }) {
+                        first = Err(e);
+                    }
                 }
             }
         }
+        first
     }
 
     /// Removes the entries `written` inserted (best effort, see [`patch::rollback`]).
