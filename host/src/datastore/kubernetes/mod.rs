@@ -66,7 +66,8 @@ const THROTTLE_RETRIES: u32 = u32::MAX;
 /// Time allowed to undo a failed commit even when the call's deadline has passed:
 /// leaving half a commit behind is worse than answering a little late.
 const CLEANUP_GRACE: Duration = Duration::from_secs(2);
-/// How many times a read whose connection broke is sent again.
+/// How many times a read, or a DELETE guarded by a uid, whose connection broke
+/// is sent again.
 const READ_RETRIES: u32 = 2;
 
 const JSON_PATCH: &str = "application/json-patch+json";
@@ -94,6 +95,15 @@ struct Request {
     body: Option<(String, Value)>,
     /// What it does, for messages.
     action: String,
+}
+
+impl Request {
+    /// Whether sending it twice does what sending it once does: a read, or a
+    /// DELETE whose preconditions name the object's uid.
+    fn idempotent(&self) -> bool {
+        self.method == Method::GET
+            || (self.method == Method::DELETE && self.body.as_ref().is_some_and(|(_, options)| options["preconditions"]["uid"].is_string()))
+    }
 }
 
 /// An API answer: the object (2xx) or the `Status` of a failure the caller
@@ -232,8 +242,9 @@ impl KubernetesStore {
         self.runtime.block_on(answers)
     }
 
-    /// One request and its retries of 429/503/504 while time remains; a read
-    /// is also sent again, [`READ_RETRIES`] times, when its connection broke.
+    /// One request and its retries of 429/503/504 while time remains; a read,
+    /// or a DELETE guarded by a uid, is also sent again, [`READ_RETRIES`]
+    /// times, when its connection broke.
     async fn send(&self, r: &Request, deadline: Instant, cap: Duration, throttle_retries: u32) -> Result<Reply, DatastoreError> {
         let (method, path, action) = (&r.method, r.path.as_str(), r.action.as_str());
         let mut throttled = 0;
@@ -297,8 +308,12 @@ impl KubernetesStore {
                     log(&format!("failed: {detail}"));
                     // A GET changes nothing: sent again, it can only find what
                     // the broken one would have (an HTTP/2 stream reset under a
-                    // saturated apiserver failed 1 ADD of 66 000).
-                    if *method == Method::GET && class == Class::Transient && resent < READ_RETRIES {
+                    // saturated apiserver failed 1 ADD of 66 000). A DELETE
+                    // guarded by the object's uid deletes that object at most
+                    // once: sent again after it landed, it answers 404 (or 409
+                    // when the name holds another's object now), never deleting
+                    // another's.
+                    if r.idempotent() && class == Class::Transient && resent < READ_RETRIES {
                         resent += 1;
                         if let Some(pause) = backoff.next_pause(deadline) {
                             tokio::time::sleep(pause).await;

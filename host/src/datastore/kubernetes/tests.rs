@@ -220,6 +220,41 @@ fn add_after_a_lost_pool_race_frees_its_reservation_takes_its_turn_and_reuses_re
 }
 
 #[test]
+fn a_lost_race_whose_reservation_cannot_be_deleted_fails_the_add_so_its_del_looks_for_it() {
+    let p = pool("192.0.2.0/24");
+    let delete = format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1");
+    let mut answers = lost_pool_creation(&p);
+    // The reservation's DELETE finds no apiserver, sent again twice.
+    answers.splice(3.., [Answer::Unreachable, Answer::Unreachable, Answer::Unreachable]);
+    let (s, log, script) = store("ns", answers);
+    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    tx.load().unwrap();
+    let e = tx.commit(&[PoolUpdate { expected: Version::absent(), ..add(&p, "", "192.0.2.1", &alloc(1, "c1", "a")) }]).unwrap_err();
+    assert!(matches!(e, DatastoreError::Unavailable { .. }), "{e}");
+    // No turn taken, no retry: the end of the call tries once more.
+    script.then(vec![ok()]);
+    drop(tx);
+    assert_eq!(log.lines()[3..], vec![delete; 4]);
+    assert!((3..7).all(|i| log.body(i) == uid_precondition("u1")));
+    assert!(script.is_done());
+}
+
+#[test]
+fn a_reservation_delete_whose_connection_broke_is_sent_again() {
+    let p = pool("192.0.2.0/24");
+    let mut answers = lost_pool_creation(&p);
+    answers.insert(3, Answer::Unreachable);
+    let (s, log, script) = store("ns", answers);
+    // Its end of turn, when the call is dropped.
+    script.then(vec![ok()]);
+    // Sent again, the DELETE landed: the lost race goes on into the call's turn.
+    assert!(lose_pool_creation(&s, &p, &alloc(1, "c1", "a")).serialized());
+    let delete = format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1");
+    assert_eq!(log.lines()[3..5], [delete.clone(), delete]);
+    assert!(script.is_done());
+}
+
+#[test]
 fn add_after_a_lost_reservation_race_takes_its_turn_then_plans_around_taken_reservations_on_one_read() {
     let p = pool("192.0.2.0/24");
     let a = alloc(1, "c1", "a");

@@ -215,7 +215,7 @@ impl Transaction for KubeTransaction<'_> {
             // What this attempt reserved goes before the wait: the calls whose
             // turn comes first would otherwise plan into it and lose, one
             // reservation race per address held by a waiter.
-            self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE));
+            self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE))?;
             self.turn = match turn::take(self.store, &self.pools, &self.holder_identity(updates), self.offer.as_ref(), self.deadline) {
                 Some(turn) => TurnState::Holding(turn),
                 None => TurnState::Without,
@@ -285,7 +285,8 @@ impl Drop for KubeTransaction<'_> {
     /// for addresses no commit recorded go, for a retry that will not come.
     fn drop(&mut self) {
         if !self.held.is_empty() {
-            self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE));
+            // Logged; what stays is the DEL's (`free_leftovers`): the call failed.
+            let _ = self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE));
         }
         self.end_turn();
     }
@@ -313,7 +314,7 @@ impl KubeTransaction<'_> {
 
         // 0. Reservations an earlier attempt of this call took for addresses this
         // plan does not use any more: free them for the others first.
-        self.release_held(&planned, cleanup_deadline());
+        self.release_held(&planned, cleanup_deadline())?;
 
         // 1. Reservations of new addresses, before any pool shows the address.
         // In its turn a call sends their POSTs at once, then looks at each
@@ -365,7 +366,7 @@ impl KubeTransaction<'_> {
                 }
                 Ok(Reservation::Contended) => return Ok(Outcome::Retry(Retry::Conflict { pool: format!("(reservation {name})") })),
                 Err(e) => {
-                    self.release_held(&BTreeSet::new(), cleanup_deadline());
+                    let _ = self.release_held(&BTreeSet::new(), cleanup_deadline());
                     return Err(e);
                 }
             };
@@ -386,7 +387,7 @@ impl KubeTransaction<'_> {
         let requests = match writes.iter().map(|u| self.pool_write_request(u)).collect::<Result<Vec<Request>, DatastoreError>>() {
             Ok(requests) => requests,
             Err(e) => {
-                self.release_held(&BTreeSet::new(), cleanup_deadline());
+                let _ = self.release_held(&BTreeSet::new(), cleanup_deadline());
                 return Err(e);
             }
         };
@@ -430,7 +431,7 @@ impl KubeTransaction<'_> {
             }
             let failed = results.swap_remove(failure);
             if failed.is_err() {
-                self.release_held(&BTreeSet::new(), cleanup);
+                let _ = self.release_held(&BTreeSet::new(), cleanup);
             }
             // Removals are not undone (a DEL may stop half way and is
             // retried); the entries they removed are gone for good, and
@@ -726,20 +727,30 @@ impl KubeTransaction<'_> {
         matches!((owner.resource_version.parse::<u64>(), read), (Ok(reserved), Some(read)) if reserved <= read)
     }
 
-    /// Best-effort removal of the reservations this process holds for addresses
-    /// it did not get, except those named in `keep`. One whose entry the pool
-    /// holds after all, as last read, stays, and stays this call's: a write whose
-    /// answer was lost (a 504 after which the retry found the entry, then the plan
-    /// reused it) did commit; but the read may also be older than this call's own
+    /// Removal of the reservations this process holds for addresses it did not
+    /// get, except those named in `keep`. One whose entry the pool holds after
+    /// all, as last read, stays, and stays this call's: a write whose answer was
+    /// lost (a 504 after which the retry found the entry, then the plan reused
+    /// it) did commit; but the read may also be older than this call's own
     /// rollback of that write, and a later plan that takes the address again must
     /// know the reservation as its own, not as a racer's (which it would plan
     /// around and leave behind).
-    fn release_held(&mut self, keep: &BTreeSet<&str>, deadline: Instant) {
+    ///
+    /// One that could not be deleted stays held (the drop tries again), and the
+    /// first such error is returned: a call that goes on to commit other
+    /// addresses must fail instead. Answered as a success, its DEL would find
+    /// every entry of the ADD and not look for leftovers, and the reservation
+    /// would block its address until the controller's orphan pass (seen in the
+    /// fault trials: a lost race's reservation whose DELETE was black-holed).
+    /// Failed, the ADD holds no entry, and its DEL deletes the reservations
+    /// labelled with it (`free_leftovers`).
+    fn release_held(&mut self, keep: &BTreeSet<&str>, deadline: Instant) -> Result<(), DatastoreError> {
         let dropped: Vec<(String, Held)> = {
             let held = &mut self.held;
             let names: Vec<String> = held.keys().filter(|n| !keep.contains(n.as_str())).cloned().collect();
             names.into_iter().filter_map(|n| held.remove(&n).map(|h| (n, h))).collect()
         };
+        let mut failed = None;
         for (name, h) in dropped {
             let committed = self.read.get(&h.pool).is_some_and(|p| {
                 p.entries.iter().any(|e| e.offset == h.holder.offset && e.container_id == h.holder.container_id && e.ifname == h.holder.ifname)
@@ -752,8 +763,11 @@ impl KubeTransaction<'_> {
             logging::debug(format!("deleting reservation {name} (offset {}): not committed", h.holder.offset));
             if let Err(e) = self.store.delete_reservation(&name, &h.uid, deadline) {
                 logging::error(format!("could not delete reservation {name} of an address not committed: {e}"));
+                self.held.insert(name, h);
+                failed.get_or_insert(e);
             }
         }
+        failed.map_or(Ok(()), Err)
     }
 
     /// The write of one pool's changes: POST when it did not exist, else the
