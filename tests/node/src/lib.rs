@@ -5,7 +5,8 @@
 //! plugin into the node's CNI directory. Then pods, NetworkAttachmentDefinitions
 //! and what the node shows of them.
 
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -17,7 +18,10 @@ use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::Api;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use thereabouts_e2e::history::{Attachment, Event, History, Op, attachment_of_entry};
 use thereabouts_e2e::workspace_root;
+use thereabouts_k8s_harness::addresses;
+use thereabouts_k8s_harness::held::entries_by_address;
 use thereabouts_k8s_harness::node::{Node, SHELL_IMAGE};
 use thereabouts_k8s_harness::{Cluster, NAMESPACE, apply_yaml, block_on, split_yaml};
 
@@ -25,6 +29,8 @@ use thereabouts_k8s_harness::{Cluster, NAMESPACE, apply_yaml, block_on, split_ya
 pub const IMAGE_REPOSITORY: &str = "ghcr.io/thereabouts/thereabouts";
 /// The policy the chart installs (values policies.wasm): the example sticky-ordinal.
 pub const STICKY_ORDINAL: &str = "sticky-ordinal.wasm";
+/// The IPAM type of a network whose calls are recorded (`src/bin/cni_recorder.rs`).
+pub const RECORDER: &str = "thereabouts-recorded";
 /// The namespace of the test pods.
 pub const PODS: &str = "default";
 
@@ -187,7 +193,7 @@ impl Installed {
     /// A NetworkAttachmentDefinition `name` in [`PODS`] of a bridge (a name of
     /// the node's own, no address on the host) with thereabouts over `ranges`.
     pub fn nad(&self, name: &str, bridge_suffix: &str, ranges: &[&str]) -> Result<()> {
-        self.nad_with(name, bridge_suffix, json!({"ipRanges": ranges.iter().map(|r| json!({"range": r})).collect::<Vec<_>>()}))
+        self.nad_with(name, bridge_suffix, ip_ranges(ranges))
     }
 
     /// [`Installed::nad`] with the `ipam` keys `ipam` (beside type and the flat file).
@@ -195,6 +201,121 @@ impl Installed {
         ipam["type"] = json!("thereabouts");
         ipam["configuration_path"] = json!(self.flat_file());
         self.nad_raw(name, bridge_suffix, ipam)
+    }
+
+    /// [`Installed::nad`] whose calls the recorder (`src/bin/cni_recorder.rs`,
+    /// put on the node by [`Installed::install_recorder`]) records for
+    /// [`Installed::check_history`].
+    pub fn nad_recorded(&self, name: &str, bridge_suffix: &str, mut ipam: Value) -> Result<()> {
+        ipam["type"] = json!(RECORDER);
+        ipam["configuration_path"] = json!(self.flat_file());
+        self.nad_raw(name, bridge_suffix, ipam)
+    }
+
+    /// Puts the recorder (`recorder`: the test's `CARGO_BIN_EXE_cni_recorder`)
+    /// into the node's CNI bin dir beside the plugin, once.
+    pub fn install_recorder(&self, recorder: &Path) -> Result<()> {
+        let target = self.node.cni_bin_dir().join(RECORDER);
+        if !target.is_file() {
+            let staged = target.with_extension("new");
+            std::fs::copy(recorder, &staged).with_context(|| format!("copying {}", recorder.display()))?;
+            std::fs::rename(&staged, &target)?;
+        }
+        Ok(())
+    }
+
+    /// The records of network `name`'s calls so far, as the recorder wrote them.
+    fn records(&self, name: &str) -> Result<Vec<Value>> {
+        let text = std::fs::read_to_string(self.history_path()).unwrap_or_default();
+        let mut records = Vec::new();
+        for line in text.lines() {
+            let record: Value = serde_json::from_str(line).with_context(|| format!("{}: {line}", self.history_path().display()))?;
+            if record["network"] == name {
+                records.push(record);
+            }
+        }
+        Ok(records)
+    }
+
+    fn history_path(&self) -> PathBuf {
+        self.node.cni_bin_dir().join(RECORDER).with_extension("history.jsonl")
+    }
+
+    /// The containers of network `name` with a recorded ADD and no recorded DEL.
+    fn adds_without_del(&self, name: &str) -> Result<BTreeSet<String>> {
+        let records = self.records(name)?;
+        let of = |command: &str| -> BTreeSet<String> {
+            records.iter().filter(|r| r["command"] == command).filter_map(|r| r["container_id"].as_str().map(str::to_string)).collect()
+        };
+        Ok(of("ADD").difference(&of("DEL")).cloned().collect())
+    }
+
+    /// Every ADD and DEL the runtime sent for network `name` through the
+    /// recorder, as the history checker reads calls.
+    pub fn recorded_history(&self, name: &str) -> Result<History> {
+        let records = self.records(name)?;
+        // Wall-clock times of the records, as instants of this process.
+        let (now, wall) = (Instant::now(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos());
+        let at = |ns: &Value| -> Result<Instant> {
+            let ns: u128 = ns.as_str().context("a time")?.parse()?;
+            now.checked_sub(Duration::from_nanos(u64::try_from(wall.saturating_sub(ns))?)).context("a time before this process' clock")
+        };
+        let mut events = Vec::new();
+        for record in &records {
+            let op = match record["command"].as_str() {
+                Some("ADD") => Op::Add,
+                Some("DEL") => Op::Del,
+                _ => continue,
+            };
+            let ok = record["code"] == 0;
+            let args = record["args"].as_str().unwrap_or_default();
+            let arg = |key: &str| args.split(';').find_map(|kv| kv.strip_prefix(key)).unwrap_or_default().to_string();
+            let attachment = Attachment {
+                holder: format!("{}/{}", arg("K8S_POD_NAMESPACE="), arg("K8S_POD_NAME=")),
+                ifname: record["ifname"].as_str().unwrap_or_default().into(),
+            };
+            let mut addresses = Vec::new();
+            if op == Op::Add && ok {
+                let result: Value = serde_json::from_str(record["stdout"].as_str().unwrap_or_default())?;
+                for ip in result["ips"].as_array().into_iter().flatten() {
+                    let cidr = ip["address"].as_str().context("a result's address")?;
+                    addresses.push(cidr.split('/').next().unwrap_or_default().parse()?);
+                }
+            }
+            events.push(Event { op, attachment, start: at(&record["start_ns"])?, end: at(&record["end_ns"])?, ok, addresses });
+        }
+        Ok(History { events })
+    }
+
+    /// The history checker over the recorded calls of network `name` (of
+    /// `ranges`) against its IPPools now: no address certainly held by two
+    /// pods at once, and the pools hold what the calls leave. Returns how many
+    /// calls it checked.
+    ///
+    /// It first waits for the runtime's DEL of every container the recorder
+    /// saw an ADD of: pools can be empty before those DELs are recorded (a
+    /// pod force-deleted is gone from the API at once, and the controller frees
+    /// its addresses while the kubelet still stops its sandbox; a DEL that
+    /// removed the entries of its group's queued DELs has written the pool
+    /// before they return).
+    pub fn check_history(&self, name: &str, ranges: &[&str]) -> Result<usize> {
+        let waited = self.wait("the runtime's DEL of every recorded ADD", Duration::from_secs(120), || Ok(self.adds_without_del(name)?.is_empty()));
+        let history = self.recorded_history(name)?;
+        let mut held = BTreeMap::new();
+        for range in ranges {
+            let pool = addresses::pool_name(range);
+            let allocations =
+                self.pool_object("IPPool", &pool)?.and_then(|p| serde_json::from_value(p["spec"]["allocations"].clone()).ok()).unwrap_or_default();
+            for (address, e) in entries_by_address(&pool, range, allocations)? {
+                held.insert(address, attachment_of_entry(&e.podref, &e.id, &e.ifname));
+            }
+        }
+        let found = history.check(&held);
+        if !found.is_empty() {
+            let waited = waited.err().map(|e| format!(" ({e:#}; containers still without a DEL: {:?})", self.adds_without_del(name).unwrap_or_default()));
+            bail!("network {name}: the history of {} calls against its pools{}: {found:#?}", history.events.len(), waited.unwrap_or_default());
+        }
+        Ok(history.events.len())
     }
 
     /// A NAD of a bridge with `ipam` as it is (any IPAM plugin on the node).
@@ -390,6 +511,11 @@ impl Drop for Installed {
         // Pods first, while the plugin and the apiserver are there for their DELs.
         let _ = self.node.delete_all_pods(Duration::from_secs(90));
     }
+}
+
+/// The `ipam` keys of `ranges`, one `ipRanges` entry each.
+pub fn ip_ranges(ranges: &[&str]) -> Value {
+    json!({"ipRanges": ranges.iter().map(|r| json!({"range": r})).collect::<Vec<_>>()})
 }
 
 /// A pod of the shell image, attached to `networks`, running `script`.

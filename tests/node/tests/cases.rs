@@ -4,7 +4,22 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use thereabouts_node_tests::{Installed, ObjectAction, STICKY_ORDINAL, network_status, pod_spec};
+use thereabouts_node_tests::{Installed, ObjectAction, STICKY_ORDINAL, ip_ranges, network_status, pod_spec};
+
+/// The node shared by this file's cases, with the call recorder beside the
+/// plugin (networks made with `nad_recorded` have their calls checked).
+fn installed() -> std::sync::Arc<Installed> {
+    let installed = Installed::shared();
+    installed.install_recorder(std::path::Path::new(env!("CARGO_BIN_EXE_cni_recorder"))).expect("the recorder on the node");
+    installed
+}
+
+/// The history checker over a recorded network's calls, against its pools now.
+fn check_history(installed: &Installed, network: &str, ranges: &[&str]) {
+    let calls = installed.check_history(network, ranges).unwrap();
+    assert!(calls > 0, "no call of {network} was recorded");
+    eprintln!("{network}: the history of {calls} recorded calls checked");
+}
 
 /// N01: the chart's installer DaemonSet put the plugin into the node's CNI bin
 /// dir, with a flat file naming the Kubernetes datastore, and the controller
@@ -59,8 +74,9 @@ fn n02_dual_stack_addresses_reach_the_pod_and_carry_traffic() {
 /// second 40 get the same lowest addresses again.
 #[test]
 fn n03_a_deployment_scaled_up_down_and_up_again() {
-    let installed = Installed::shared();
-    installed.nad("n03", "b", &["192.0.2.64/26", "2001:db8:3::/64"]).unwrap();
+    let installed = installed();
+    let ranges = ["192.0.2.64/26", "2001:db8:3::/64"];
+    installed.nad_recorded("n03", "b", ip_ranges(&ranges)).unwrap();
     installed.deployment("n03", "n03", 0).unwrap();
     let mut rounds = Vec::new();
     for round in 0..2 {
@@ -75,6 +91,7 @@ fn n03_a_deployment_scaled_up_down_and_up_again() {
                 Ok(installed.allocations("192.0.2.64-26")? == 0 && installed.allocations("2001-db8-3---64")? == 0)
             })
             .unwrap();
+        check_history(&installed, "n03", &ranges);
         rounds.push(distinct.into_iter().cloned().collect::<BTreeSet<String>>());
     }
     assert_eq!(rounds[0], rounds[1], "the second scale-up got other addresses");
@@ -109,8 +126,9 @@ fn n04_a_pod_force_deleted_while_the_kubelet_is_down_is_freed_once_gone() {
 /// all of them come back after the scale-down.
 #[test]
 fn n05_kubelet_and_containerd_restarted_while_pods_start() {
-    let installed = Installed::shared();
-    installed.nad("n05", "d", &["192.0.2.160/27", "2001:db8:5::/64"]).unwrap();
+    let installed = installed();
+    let ranges = ["192.0.2.160/27", "2001:db8:5::/64"];
+    installed.nad_recorded("n05", "d", ip_ranges(&ranges)).unwrap();
     installed.deployment("n05", "n05", 0).unwrap();
     installed.scale("n05", 20).unwrap();
     std::thread::sleep(Duration::from_secs(3));
@@ -134,6 +152,7 @@ fn n05_kubelet_and_containerd_restarted_while_pods_start() {
             Ok(installed.allocations("192.0.2.160-27")? == 0 && installed.allocations("2001-db8-5---64")? == 0)
         })
         .unwrap();
+    check_history(&installed, "n05", &ranges);
     installed.delete_deployment("n05").unwrap();
 }
 
@@ -285,10 +304,12 @@ fn n06_the_repeated_dels_of_a_pod_all_succeed() {
 /// the same addresses.
 #[test]
 fn n07_a_statefulset_pod_comes_back_with_its_addresses() {
-    let installed = Installed::shared();
+    let installed = installed();
     let policy = serde_json::json!({"name": "sticky", "path": installed.policy_path(STICKY_ORDINAL), "settings": {"base": 10, "statefulsets": ["n07"]}});
-    let ranges = serde_json::json!([{"range": "192.0.2.32/27"}, {"range": "2001:db8:7::/64"}]);
-    installed.nad_with("n07", "h", serde_json::json!({"ipRanges": ranges, "policies": [policy]})).unwrap();
+    let ranges = ["192.0.2.32/27", "2001:db8:7::/64"];
+    let mut ipam = ip_ranges(&ranges);
+    ipam["policies"] = serde_json::json!([policy]);
+    installed.nad_recorded("n07", "h", ipam).unwrap();
     installed.statefulset("n07", "n07", 3).unwrap();
     installed.wait_addresses("n07-", "default/n07", 3).unwrap();
     let by_pod = |name: &str| {
@@ -313,6 +334,7 @@ fn n07_a_statefulset_pod_comes_back_with_its_addresses() {
     installed.wait("the pool holds the three pods' entries", Duration::from_secs(60), || Ok(installed.allocations("192.0.2.32-27")? == 3)).unwrap();
     installed.delete_statefulset("n07").unwrap();
     installed.wait("every address is back", Duration::from_secs(90), || Ok(installed.allocations("192.0.2.32-27")? == 0)).unwrap();
+    check_history(&installed, "n07", &ranges);
 }
 
 /// N12: a VM-like workload (KubeVirt's launcher pods, docs/claims.md): a pod
