@@ -251,17 +251,20 @@ fn failures_are_classed_as_unavailable_denied_rejected_or_config() {
     let failed = |class| Failure::Failed { class, detail: "cause".into() };
     let server = "etcd http://127.0.0.1:2379";
     let read = "reading pool key /thereabouts/pools/192.0.2.0-24";
-    // Each on another request: the commit, the reads, connecting.
+    // Each on other requests: the commit (and its 3 resends), the reads, connecting.
     let cases = [
-        (4, failed(Class::Transient), format!("{server} unavailable while committing pool(s) 192.0.2.0-24 in one transaction: cause")),
-        (2, failed(Class::Denied), format!("{server} denied {read}: cause (check etcd_username, etcd_password and the user's role on the prefix)")),
-        (3, failed(Class::Rejected), format!("{server} rejected reading 1 reservation key(s) under /thereabouts/reservations/: cause")),
-        (1, Failure::Config { detail: "cause".into() }, "etcd datastore config unusable: connecting: cause".into()),
+        (4..=7, failed(Class::Transient), format!("{server} unavailable while committing pool(s) 192.0.2.0-24 in one transaction: cause")),
+        (2..=2, failed(Class::Denied), format!("{server} denied {read}: cause (check etcd_username, etcd_password and the user's role on the prefix)")),
+        (3..=3, failed(Class::Rejected), format!("{server} rejected reading 1 reservation key(s) under /thereabouts/reservations/: cause")),
+        (1..=1, Failure::Config { detail: "cause".into() }, "etcd datastore config unusable: connecting: cause".into()),
     ];
-    for (request, failure, message) in cases {
+    for (requests, failure, message) in cases {
         let mut n = Node::new(&["192.0.2.0/24"], true);
         let class = failure.clone();
-        n.etcd.fail(request, failure);
+        for request in requests.clone() {
+            n.etcd.fail(request, failure.clone());
+        }
+        let request = *requests.end();
         let (result, log) = n.add("c1", "a");
         let Err(IpamError::Datastore(e)) = result else { panic!("{result:?}") };
         let variant_fits = match class {
@@ -272,10 +275,23 @@ fn failures_are_classed_as_unavailable_denied_rejected_or_config() {
         };
         assert!(variant_fits, "{e:?}");
         assert_eq!(e.to_string(), message);
-        // Not retried, nothing written.
+        // Not retried past these, nothing written.
         assert_eq!(log.len(), request, "{log:?}");
         assert_eq!(n.etcd.dump(), []);
     }
+}
+
+#[test]
+fn a_request_that_found_no_member_is_sent_again() {
+    let mut n = Node::new(&["192.0.2.0/24"], true);
+    // A follower stopped: its connection broke under the read, then the commit.
+    n.etcd.fail(2, Failure::Failed { class: Class::Transient, detail: "transport error".into() });
+    n.etcd.fail(5, Failure::Failed { class: Class::Transient, detail: "transport error".into() });
+    let (result, log) = n.add("c1", "a");
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(log[1..3], ["GET pools/192.0.2.0-24", "GET pools/192.0.2.0-24"]);
+    assert_eq!(format!("{} -> succeeded", log[4]), log[5]);
+    assert_eq!(n.etcd.dump().len(), 2);
 }
 
 #[test]

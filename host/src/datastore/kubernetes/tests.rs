@@ -220,22 +220,31 @@ fn add_after_a_lost_pool_race_frees_its_reservation_takes_its_turn_and_reuses_re
 }
 
 #[test]
-fn a_lost_race_whose_reservation_cannot_be_deleted_fails_the_add_so_its_del_looks_for_it() {
+fn a_reservation_an_earlier_attempt_cannot_delete_stops_every_write_until_it_is_deleted() {
     let p = pool("192.0.2.0/24");
     let delete = format!("DELETE {API}/overlappingrangeipreservations/192.0.2.1");
+    let unreachable = || [Answer::Unreachable, Answer::Unreachable, Answer::Unreachable];
     let mut answers = lost_pool_creation(&p);
-    // The reservation's DELETE finds no apiserver, sent again twice.
-    answers.splice(3.., [Answer::Unreachable, Answer::Unreachable, Answer::Unreachable]);
+    // The DELETE of the lost race's reservation of .1 finds no apiserver (sent again twice).
+    answers.splice(3..4, unreachable());
     let (s, log, script) = store("ns", answers);
-    let mut tx = s.begin(std::slice::from_ref(&p), Purpose::Update, deadline()).unwrap();
+    let mut tx = lose_pool_creation(&s, &p, &alloc(1, "c1", "a"));
+    // In its turn it plans .2; the reservation of .1 still cannot go: nothing is written.
+    script.then(vec![listed(&p, "6", "6", json!({"1": entry("c8", "y")}))]);
+    script.then(unreachable().into());
     tx.load().unwrap();
-    let e = tx.commit(&[PoolUpdate { expected: Version::absent(), ..add(&p, "", "192.0.2.1", &alloc(1, "c1", "a")) }]).unwrap_err();
-    assert!(matches!(e, DatastoreError::Unavailable { .. }), "{e}");
-    // No turn taken, no retry: the end of the call tries once more.
-    script.then(vec![ok()]);
-    drop(tx);
-    assert_eq!(log.lines()[3..], vec![delete; 4]);
-    assert!((3..7).all(|i| log.body(i) == uid_precondition("u1")));
+    assert!(conflict(tx.commit(&[add(&p, "6", "192.0.2.2", &alloc(2, "c1", "a"))])));
+    assert!(!log.lines().iter().any(|l| l.starts_with(&format!("PATCH {API}/ippools"))));
+    // The next attempt deletes it first, then writes.
+    script.then(vec![listed(&p, "7", "7", json!({"1": entry("c8", "y")})), ok(), created("u2"), ok(), ok()]);
+    tx.load().unwrap();
+    assert_eq!(tx.commit(&[add(&p, "7", "192.0.2.2", &alloc(2, "c1", "a"))]).unwrap(), Outcome::Committed);
+    let lines = log.lines();
+    assert_eq!(lines.iter().filter(|l| **l == delete).count(), 7);
+    assert_eq!(
+        lines[lines.len() - 4..],
+        [delete, format!("POST {API}/overlappingrangeipreservations"), format!("PATCH {API}/ippools/192.0.2.0-24"), format!("DELETE {LEASES}/t1")]
+    );
     assert!(script.is_done());
 }
 

@@ -215,7 +215,8 @@ impl Transaction for KubeTransaction<'_> {
             // What this attempt reserved goes before the wait: the calls whose
             // turn comes first would otherwise plan into it and lose, one
             // reservation race per address held by a waiter.
-            self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE))?;
+            // One it cannot delete stays held: the next attempt tries again first.
+            let _ = self.release_held(&BTreeSet::new(), self.deadline.max(Instant::now() + CLEANUP_GRACE));
             self.turn = match turn::take(self.store, &self.pools, &self.holder_identity(updates), self.offer.as_ref(), self.deadline) {
                 Some(turn) => TurnState::Holding(turn),
                 None => TurnState::Without,
@@ -314,7 +315,13 @@ impl KubeTransaction<'_> {
 
         // 0. Reservations an earlier attempt of this call took for addresses this
         // plan does not use any more: free them for the others first.
-        self.release_held(&planned, cleanup_deadline())?;
+        // One it cannot delete stops the attempt before anything is written:
+        // see `release_held`.
+        if let Err(e) = self.release_held(&planned, cleanup_deadline()) {
+            logging::verbose(format!("a reservation this call no longer plans could not be deleted; trying again before any write: {e}"));
+            self.reuse_reads = false;
+            return Ok(Outcome::Retry(Retry::Conflict { pool: "(a reservation of an earlier attempt)".into() }));
+        }
 
         // 1. Reservations of new addresses, before any pool shows the address.
         // In its turn a call sends their POSTs at once, then looks at each
@@ -736,14 +743,16 @@ impl KubeTransaction<'_> {
     /// know the reservation as its own, not as a racer's (which it would plan
     /// around and leave behind).
     ///
-    /// One that could not be deleted stays held (the drop tries again), and the
-    /// first such error is returned: a call that goes on to commit other
-    /// addresses must fail instead. Answered as a success, its DEL would find
-    /// every entry of the ADD and not look for leftovers, and the reservation
-    /// would block its address until the controller's orphan pass (seen in the
-    /// fault trials: a lost race's reservation whose DELETE was black-holed).
-    /// Failed, the ADD holds no entry, and its DEL deletes the reservations
-    /// labelled with it (`free_leftovers`).
+    /// One that could not be deleted stays held, and the first such error is
+    /// returned. No pool write may follow while one is held: a call that
+    /// committed other addresses would answer success, its DEL would find every
+    /// entry of the ADD and not look for leftovers, and the reservation would
+    /// block its address until the controller's orphan pass (seen in the fault
+    /// trials: a lost race's reservation whose DELETE was black-holed). So an
+    /// attempt retries instead (`attempt`, step 0) while its time lasts; if the
+    /// apiserver stays away the call fails holding no entry, the drop tries once
+    /// more, and the runtime's DEL deletes the reservations labelled with it
+    /// (`free_leftovers`).
     fn release_held(&mut self, keep: &BTreeSet<&str>, deadline: Instant) -> Result<(), DatastoreError> {
         let dropped: Vec<(String, Held)> = {
             let held = &mut self.held;
