@@ -72,8 +72,9 @@ pub enum CliCommand {
     /// Show usage of every range's pool in the configured datastore (with
     /// --check: report what is inconsistent in it)
     #[command(long_about = "Show usage of every range's pool in the configured datastore.\n\n\
-        With --check (kubernetes datastore): read every IPPool and OverlappingRangeIPReservation of \
-        the datastore's namespace, not only this config's, and report what is inconsistent: pools or \
+        With --check (a shared datastore: kubernetes or etcd): read every pool and reservation of the \
+        datastore (the IPPools and OverlappingRangeIPReservations of its namespace, or every pool and \
+        reservation key under its etcd prefix), not only this config's, and report what is inconsistent: pools or \
         keys that cannot be read, one address held by two attachments in overlapping pools of one \
         network, entries without a reservation (when the config has enable_overlapping_ranges), \
         reservations without an entry (an ADD in flight when young, a leak otherwise) and entries \
