@@ -37,8 +37,8 @@
 //!   want of a member (its connection broke, no leader) is sent again
 //!   ([`RESENDS`]): it then goes to a member that answers.
 //! - Shared by every node: CNI GC removes nothing here (see
-//!   [`Capabilities::shared_by_nodes`]); stale entries of pods gone stay (there is
-//!   no reconciler yet).
+//!   [`Capabilities::shared_by_nodes`]); the controller frees the entries of
+//!   pods gone (`thereabouts controller --etcd-config`).
 //!
 //! The client runs on a private current-thread tokio runtime, so the
 //! [`Datastore`] trait stays synchronous, and connects on first use. Requests
