@@ -7,6 +7,7 @@
 //! - [`policy`]: operators' sandboxed policy extensions (WebAssembly components);
 //! - [`profile_provider`]: DRANET's profile-provider webhook (addresses for DRA devices);
 //! - [`cli`]: `preview`, `pools` and `engine-component` beside CNI mode;
+//! - [`failpoint`]: named points where the fault trials kill the plugin;
 //! - [`logging`]: whereabouts-style log lines, never on stdout;
 //! - [`json`]: the one JSON printer (a leaf: CNI documents, CLI reports, pool files).
 
@@ -16,6 +17,7 @@ pub mod cni;
 pub mod component;
 pub mod controller;
 pub mod datastore;
+pub mod failpoint;
 pub mod http_reply;
 pub mod ipam;
 pub mod json;

@@ -18,6 +18,7 @@ use super::result::{IpConfig, IpamResult};
 use crate::component::{EngineComponent, EngineFailure};
 use crate::datastore::kubernetes::PodMetadata;
 use crate::datastore::{self, Datastore, DatastoreError, retry};
+use crate::failpoint;
 use crate::ipam::{self, Attachment};
 use crate::json::pretty;
 use crate::logging;
@@ -53,8 +54,8 @@ pub fn execute(env: &CniEnv, stdin: &str) -> Result<Option<String>, CniError> {
     let store = datastore::open(&config.datastore, &config.name)?;
     let who = Attachment { container_id: &env.container_id, ifname: &env.ifname, claim: None };
     let outcome = match env.command {
-        Command::Add => add(&mut engine, store.as_ref(), &config, who, &env.args).map(Some),
-        Command::Del => del(&mut engine, store.as_ref(), &config, who).map(|()| None),
+        Command::Add => add(&mut engine, store.as_ref(), &config, who, &env.args).inspect(|_| failpoint::hit(failpoint::BEFORE_ANSWER)).map(Some),
+        Command::Del => del(&mut engine, store.as_ref(), &config, who).inspect(|()| failpoint::hit(failpoint::BEFORE_ANSWER)).map(|()| None),
         Command::Check => check(&mut engine, store.as_ref(), &config, who, stdin).map(|()| None),
         Command::Gc => gc(&mut engine, store.as_ref(), &config, stdin).map(|()| None),
         Command::Status => status(&mut engine, store.as_ref(), &config).map(|()| None),

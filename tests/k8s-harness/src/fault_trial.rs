@@ -28,7 +28,7 @@ use thereabouts_e2e::{Invocation, Outcome, addr_of, thereabouts_bin};
 
 use crate::burst::{Network, pods, run_concurrently};
 use crate::fault_world::World;
-use crate::faults::{Fault, Plan};
+use crate::faults::{FAILPOINT_ENV, Fault, Plan};
 use crate::report::blurred_message;
 use crate::trial_rng::TrialRng;
 
@@ -150,9 +150,12 @@ impl<'w> Trials<'w> {
         let net = Network::new(world.conf(Some(&plan)), &world.ranges, &format!("fault-trial-{trial}"));
         let invocations: Vec<Invocation> = calls
             .iter()
-            .zip(&plan.kills)
-            .map(|((command, (cid, pod)), kill)| {
-                let call = net.invocation(command, cid, pod, BURST_BUDGET);
+            .zip(plan.kills.iter().zip(&plan.armed))
+            .map(|((command, (cid, pod)), (kill, armed))| {
+                let mut call = net.invocation(command, cid, pod, BURST_BUDGET);
+                if let (true, Some(point)) = (*armed, plan.failpoint) {
+                    call = call.env(FAILPOINT_ENV, point);
+                }
                 // SIGKILL by the runner's watchdog, that long after the spawn.
                 match kill {
                     Some(after) => call.watchdog(*after),
@@ -174,13 +177,14 @@ impl<'w> Trials<'w> {
         report.plan = if hit.is_empty() { plan.to_string() } else { format!("{plan}, hit {hit}") };
         report.hit = match fault {
             Fault::PluginKill => burst.iter().filter(|o| o.timed_out).count(),
+            Fault::Failpoint => burst.iter().filter(|o| killed_itself(o)).count(),
             _ => burst.iter().filter(|o| o.started <= injected_at && injected_at < o.started + o.elapsed).count(),
         };
         report.adds = new_pods.len();
         report.adds_failed = burst.iter().filter(|o| o.call.command == "ADD" && !o.ok()).count();
         for (o, kill) in burst.iter().zip(&plan.kills) {
             if !o.ok() {
-                let answer = answer_of(o, kill.is_some());
+                let answer = if killed_itself(o) { "killed at the failpoint".to_string() } else { answer_of(o, kill.is_some()) };
                 if answer == "hung" || answer == "no CNI error" {
                     report.other.push(format!("{answer}: {}", o.describe()));
                 }
@@ -277,6 +281,12 @@ fn addresses(o: &Outcome) -> Vec<IpAddr> {
 
 /// How a failed call ended: `killed` (by the plan), `hung` (past its
 /// watchdog unplanned), `code N` (a CNI error), `no CNI error` (it died).
+/// Whether the call's process died of the SIGKILL an armed failpoint sends.
+fn killed_itself(o: &Outcome) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    !o.timed_out && o.status.signal() == Some(9)
+}
+
 fn answer_of(o: &Outcome, planned_kill: bool) -> String {
     if o.timed_out {
         return if planned_kill { "killed".into() } else { "hung".into() };
@@ -404,8 +414,8 @@ impl Run {
 
 /// `trials` trials on `world`, the faults of its datastore taking turns,
 /// drawn from `seed`; `each` sees every report as it is made.
-pub fn run_trials(world: &World, trials: usize, seed: u64, tag: &str, mut each: impl FnMut(&TrialReport)) -> Result<Run> {
-    let faults = world.datastore.faults();
+/// `trials` trials taking turns with `faults` (each a fault of the world's datastore).
+pub fn run_trials(world: &World, faults: &[Fault], trials: usize, seed: u64, tag: &str, mut each: impl FnMut(&TrialReport)) -> Result<Run> {
     let mut runner = Trials::new(world, seed, tag);
     let mut run = Run::default();
     for i in 0..trials {

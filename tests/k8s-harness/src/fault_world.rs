@@ -59,7 +59,7 @@ impl Servers {
     pub fn inject_and_heal(&self, plan: &Plan) -> Result<String> {
         std::thread::sleep(plan.at);
         match plan.fault {
-            Fault::PluginKill => Ok(String::new()),
+            Fault::PluginKill | Fault::Failpoint => Ok(String::new()),
             Fault::ServerRestart => {
                 self.cluster.stop_apiserver();
                 std::thread::sleep(plan.span);

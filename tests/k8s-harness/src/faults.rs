@@ -34,8 +34,10 @@ impl Datastore {
     /// The faults trials of this datastore take turns with.
     pub fn faults(self) -> &'static [Fault] {
         match self {
-            Datastore::Kubernetes => &[Fault::PluginKill, Fault::ServerRestart, Fault::Latency, Fault::ResetPeer, Fault::BlackHole],
-            Datastore::Etcd => &[Fault::PluginKill, Fault::LeaderLoss, Fault::FollowerLoss, Fault::Latency, Fault::ResetPeer, Fault::BlackHole],
+            Datastore::Kubernetes => &[Fault::PluginKill, Fault::Failpoint, Fault::ServerRestart, Fault::Latency, Fault::ResetPeer, Fault::BlackHole],
+            Datastore::Etcd => {
+                &[Fault::PluginKill, Fault::Failpoint, Fault::LeaderLoss, Fault::FollowerLoss, Fault::Latency, Fault::ResetPeer, Fault::BlackHole]
+            }
         }
     }
 }
@@ -44,6 +46,9 @@ impl Datastore {
 pub enum Fault {
     /// Some plugin processes SIGKILLed, each at a random delay after its start.
     PluginKill,
+    /// Some plugin processes armed to SIGKILL themselves at one named point
+    /// of the plugin (`host/src/failpoint.rs`), drawn per trial.
+    Failpoint,
     /// The kube-apiserver SIGKILLed, then started again.
     ServerRestart,
     /// The etcd member that leads SIGKILLed, then restarted.
@@ -59,9 +64,31 @@ pub enum Fault {
 }
 
 impl Fault {
+    const ALL: [Fault; 8] =
+        [Fault::PluginKill, Fault::Failpoint, Fault::ServerRestart, Fault::LeaderLoss, Fault::FollowerLoss, Fault::Latency, Fault::ResetPeer, Fault::BlackHole];
+
+    /// The fault named `slug` (`fault_trials --fault`).
+    pub fn parse(slug: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.slug() == slug)
+    }
+
+    pub fn slug(self) -> &'static str {
+        match self {
+            Fault::PluginKill => "plugin-kill",
+            Fault::Failpoint => "failpoint",
+            Fault::ServerRestart => "server-restart",
+            Fault::LeaderLoss => "leader-loss",
+            Fault::FollowerLoss => "follower-loss",
+            Fault::Latency => "latency",
+            Fault::ResetPeer => "reset-peer",
+            Fault::BlackHole => "black-hole",
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Fault::PluginKill => "plugin SIGKILL",
+            Fault::Failpoint => "plugin SIGKILL at a failpoint",
             Fault::ServerRestart => "apiserver killed + restarted",
             Fault::LeaderLoss => "etcd leader killed + restarted",
             Fault::FollowerLoss => "etcd follower killed + restarted",
@@ -94,6 +121,30 @@ pub struct Plan {
     /// [`Fault::PluginKill`]: per call of the burst, the delay after its
     /// start at which it is SIGKILLed (`None`: left alone).
     pub kills: Vec<Option<Duration>>,
+    /// [`Fault::Failpoint`]: the point, and per call whether it is armed.
+    pub failpoint: Option<&'static str>,
+    pub armed: Vec<bool>,
+}
+
+/// The variable that arms a plugin failpoint (`host/src/failpoint.rs`).
+pub const FAILPOINT_ENV: &str = "THEREABOUTS_FAILPOINT";
+
+/// The plugin's failpoints a trial of the Kubernetes datastore (`members` 0)
+/// or of etcd can reach (the names of `host/src/failpoint.rs`).
+pub fn failpoints(members: usize) -> &'static [&'static str] {
+    match members {
+        0 => &["kubernetes/reserved", "kubernetes/pools-written", "cni/before-answer"],
+        _ => &["etcd/before-commit", "etcd/after-commit", "cni/before-answer"],
+    }
+}
+
+/// Per call, with probability ½ and at least one, whether it is chosen.
+fn some_of(calls: usize, rng: &mut TrialRng) -> Vec<bool> {
+    let mut chosen: Vec<bool> = (0..calls).map(|_| rng.chance(0.5)).collect();
+    if !chosen.contains(&true) && calls > 0 {
+        chosen[rng.below(calls)] = true;
+    }
+    chosen
 }
 
 impl Plan {
@@ -122,7 +173,13 @@ impl Plan {
         } else {
             vec![None; calls]
         };
-        Plan { fault, at, span, latency, proxied_members, kills }
+        let (failpoint, armed) = if fault == Fault::Failpoint {
+            let points = failpoints(members);
+            (Some(points[rng.below(points.len())]), some_of(calls, rng))
+        } else {
+            (None, vec![false; calls])
+        };
+        Plan { fault, at, span, latency, proxied_members, kills, failpoint, armed }
     }
 }
 
@@ -133,6 +190,10 @@ impl fmt::Display for Plan {
             Fault::PluginKill => {
                 let killed: Vec<String> = self.kills.iter().enumerate().filter_map(|(i, k)| k.map(|d| format!("#{i}@{}ms", d.as_millis()))).collect();
                 write!(f, ": {} of {} calls killed ({})", killed.len(), self.kills.len(), killed.join(" "))
+            }
+            Fault::Failpoint => {
+                let armed: Vec<String> = self.armed.iter().enumerate().filter(|(_, a)| **a).map(|(i, _)| format!("#{i}")).collect();
+                write!(f, " {}: {} of {} calls armed ({})", self.failpoint.unwrap_or_default(), armed.len(), self.armed.len(), armed.join(" "))
             }
             _ => {
                 write!(f, " at {} ms for {} ms", self.at.as_millis(), self.span.as_millis())?;
@@ -160,6 +221,25 @@ mod tests {
             let plan = Plan::draw(Fault::BlackHole, 3, 3, &mut TrialRng::new(seed));
             assert!(plan.kills.iter().all(Option::is_none));
             assert!(!plan.proxied_members.is_empty() && plan.proxied_members.iter().all(|m| *m < 3));
+        }
+    }
+
+    #[test]
+    fn a_failpoint_plan_arms_at_least_one_call_at_a_point_of_its_datastore() {
+        for (seed, members) in (0..200).zip([0, 3].into_iter().cycle()) {
+            let plan = Plan::draw(Fault::Failpoint, 3, members, &mut TrialRng::new(seed));
+            assert!(plan.armed.contains(&true), "seed {seed}");
+            assert!(failpoints(members).contains(&plan.failpoint.unwrap()));
+        }
+    }
+
+    /// The names armed are the plugin's (its one list of them).
+    #[test]
+    fn every_failpoint_armed_is_declared_by_the_plugin() {
+        let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../host/src/failpoint.rs")).unwrap();
+        assert!(source.contains(&format!("ENV: &str = \"{FAILPOINT_ENV}\";")));
+        for point in failpoints(0).iter().chain(failpoints(3)) {
+            assert!(source.contains(&format!("= \"{point}\";")), "{point} is not a failpoint of host/src/failpoint.rs");
         }
     }
 }

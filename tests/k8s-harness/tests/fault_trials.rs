@@ -42,7 +42,8 @@ fn trials_of(datastore: Datastore) {
     let (name, ranges) = network_of(datastore);
     let world = World::start(datastore, cluster, name, &ranges).expect("starting the servers of the trials");
     let trials = PER_FAULT * datastore.faults().len();
-    let run = run_trials(&world, trials, seed, &format!("ci-{}", datastore.label()), |r| eprintln!("{}", r.line())).expect("running the trials");
+    let run =
+        run_trials(&world, datastore.faults(), trials, seed, &format!("ci-{}", datastore.label()), |r| eprintln!("{}", r.line())).expect("running the trials");
     eprintln!("{}\nfailed calls by message:\n{}", run.table(datastore.label()), run.messages());
     let findings: Vec<String> =
         run.with_findings.iter().flat_map(|r| r.findings().into_iter().map(move |f| format!("trial {} (seed {}): {f}", r.trial, r.seed))).collect();

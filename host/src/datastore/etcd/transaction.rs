@@ -75,7 +75,10 @@ impl Transaction for EtcdTransaction<'_> {
             return Ok(Outcome::Committed);
         }
         let written: Vec<&str> = updates.iter().filter(|u| !u.changes.is_empty()).map(|u| u.pool.name.as_str()).collect();
-        let result = match self.store.send(commit, &written.join(", "), self.deadline) {
+        crate::failpoint::hit(crate::failpoint::ETCD_BEFORE_COMMIT);
+        let sent = self.store.send(commit, &written.join(", "), self.deadline);
+        crate::failpoint::hit(crate::failpoint::ETCD_AFTER_COMMIT);
+        let result = match sent {
             // etcd refuses a value over its request limit: the pool is full for it.
             Err(DatastoreError::Rejected { detail, .. }) if detail.contains("request is too large") => {
                 let entries = |u: &PoolUpdate| self.read.get(&u.pool.name).map_or(0, |d| d.entries.len()) + u.inserts();

@@ -384,6 +384,8 @@ impl KubeTransaction<'_> {
             return Ok(Outcome::Retry(refused));
         }
 
+        crate::failpoint::hit(crate::failpoint::KUBERNETES_RESERVED);
+
         // 2. Pools; a failure undoes the ones written. In its turn a call sends
         // them at once (one round trip). Otherwise one after the other, stopping
         // at the first refusal: under contention most first attempts are
@@ -457,6 +459,8 @@ impl KubeTransaction<'_> {
             turn::dismiss(self.store, &serving);
         }
         self.end_turn();
+
+        crate::failpoint::hit(crate::failpoint::KUBERNETES_POOLS_WRITTEN);
 
         // 3. Reservations of removed entries. The pools no longer hold the
         // addresses; a reservation left behind only blocks its address. One a
