@@ -22,9 +22,6 @@ pub const ETCD_AFTER_COMMIT: &str = "etcd/after-commit";
 /// Any datastore: the ADD or DEL is committed; its answer is not written.
 pub const BEFORE_ANSWER: &str = "cni/before-answer";
 
-/// Every point, for the harness' check that the names it arms exist.
-pub const POINTS: [&str; 5] = [KUBERNETES_RESERVED, KUBERNETES_POOLS_WRITTEN, ETCD_BEFORE_COMMIT, ETCD_AFTER_COMMIT, BEFORE_ANSWER];
-
 /// Dies here by SIGKILL when `point` is the one armed.
 pub fn hit(point: &str) {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();

@@ -184,7 +184,7 @@ impl<'w> Trials<'w> {
         report.adds_failed = burst.iter().filter(|o| o.call.command == "ADD" && !o.ok()).count();
         for (o, kill) in burst.iter().zip(&plan.kills) {
             if !o.ok() {
-                let answer = if killed_itself(o) { "killed at the failpoint".to_string() } else { answer_of(o, kill.is_some()) };
+                let answer = answer_of(o, kill.is_some());
                 if answer == "hung" || answer == "no CNI error" {
                     report.other.push(format!("{answer}: {}", o.describe()));
                 }
@@ -279,17 +279,21 @@ fn addresses(o: &Outcome) -> Vec<IpAddr> {
     o.ips().iter().map(|ip| addr_of(ip)).collect()
 }
 
-/// How a failed call ended: `killed` (by the plan), `hung` (past its
-/// watchdog unplanned), `code N` (a CNI error), `no CNI error` (it died).
 /// Whether the call's process died of the SIGKILL an armed failpoint sends.
 fn killed_itself(o: &Outcome) -> bool {
     use std::os::unix::process::ExitStatusExt;
     !o.timed_out && o.status.signal() == Some(9)
 }
 
+/// How a failed call ended: `killed` (by the plan), `hung` (past its
+/// watchdog unplanned), `killed at the failpoint`, `code N` (a CNI error),
+/// `no CNI error` (it died).
 fn answer_of(o: &Outcome, planned_kill: bool) -> String {
     if o.timed_out {
         return if planned_kill { "killed".into() } else { "hung".into() };
+    }
+    if killed_itself(o) {
+        return "killed at the failpoint".into();
     }
     match serde_json::from_str::<serde_json::Value>(&o.stdout).ok().and_then(|v| v["code"].as_u64()) {
         Some(code) => format!("{} code {code}", o.call.command),
@@ -412,9 +416,8 @@ impl Run {
     }
 }
 
-/// `trials` trials on `world`, the faults of its datastore taking turns,
-/// drawn from `seed`; `each` sees every report as it is made.
-/// `trials` trials taking turns with `faults` (each a fault of the world's datastore).
+/// `trials` trials on `world`, `faults` (each a fault of its datastore)
+/// taking turns, drawn from `seed`; `each` sees every report as it is made.
 pub fn run_trials(world: &World, faults: &[Fault], trials: usize, seed: u64, tag: &str, mut each: impl FnMut(&TrialReport)) -> Result<Run> {
     let mut runner = Trials::new(world, seed, tag);
     let mut run = Run::default();

@@ -156,15 +156,17 @@ impl EtcdStore {
             }
             let started = Instant::now();
             let outcome = request(limit);
+            let fast = started.elapsed() < limit;
+            let unavailable = matches!(outcome, Err(Failure::Failed { class: Class::Transient, .. }));
+            let outcome = outcome.map_err(|f| self.failure(f, action));
             match &outcome {
                 Ok(_) => logging::debug(format!("etcd request #{n}: {action} -> ok")),
-                Err(f) => logging::debug(format!("etcd request #{n}: {action} -> {}", self.failure(f.clone(), action))),
+                Err(e) => logging::debug(format!("etcd request #{n}: {action} -> {e}")),
             }
-            let fast = started.elapsed() < limit;
-            match outcome {
-                Err(Failure::Failed { class: Class::Transient, .. }) if fast && resent < RESENDS && backoff.pause(deadline) => resent += 1,
-                outcome => return outcome.map_err(|f| self.failure(f, action)),
+            if !(unavailable && fast && resent < RESENDS && backoff.pause(deadline)) {
+                return outcome;
             }
+            resent += 1;
         }
     }
 
